@@ -1,0 +1,66 @@
+#include "direct.h"
+
+#include <cstring>
+
+namespace pycomm::algorithms {
+
+void directGather(Op& op, const uint8_t* in, uint8_t* out, size_t nbytes, int root) {
+  const int p = op.size();
+  const int r = op.rank();
+  if (r != root) {
+    op.send(root, 0, in, nbytes);
+  } else {
+    for (int peer = 0; peer < p; ++peer) {
+      if (peer != r) op.recv(peer, 0, out + peer * nbytes, nbytes);
+    }
+    if (nbytes > 0 && out + r * nbytes != in) std::memmove(out + r * nbytes, in, nbytes);
+  }
+  op.waitAll();
+}
+
+void directScatter(Op& op, const uint8_t* in, uint8_t* out, size_t nbytes, int root) {
+  const int p = op.size();
+  const int r = op.rank();
+  if (r != root) {
+    op.recv(root, 0, out, nbytes);
+  } else {
+    for (int i = 1; i < p; ++i) {
+      const int peer = (r + i) % p;
+      op.send(peer, 0, in + peer * nbytes, nbytes);
+    }
+    if (nbytes > 0 && in + r * nbytes != out) std::memmove(out, in + r * nbytes, nbytes);
+  }
+  op.waitAll();
+}
+
+void directAlltoall(Op& op, const uint8_t* in, const std::vector<size_t>& sendOffsets,
+                    const std::vector<size_t>& sendBytes, uint8_t* out,
+                    const std::vector<size_t>& recvOffsets, const std::vector<size_t>& recvBytes) {
+  const int p = op.size();
+  const int r = op.rank();
+  for (int i = 1; i < p; ++i) {
+    const int peer = (r - i + p) % p;
+    op.recv(peer, 0, out + recvOffsets[peer], recvBytes[peer]);
+  }
+  // Start with the next rank, so that not every rank sends to rank 0 first.
+  for (int i = 1; i < p; ++i) {
+    const int peer = (r + i) % p;
+    op.send(peer, 0, in + sendOffsets[peer], sendBytes[peer]);
+  }
+  if (recvBytes[r] > 0) std::memmove(out + recvOffsets[r], in + sendOffsets[r], recvBytes[r]);
+  op.waitAll();
+}
+
+void disseminationBarrier(Op& op) {
+  const int p = op.size();
+  const int r = op.rank();
+  uint32_t round = 0;
+  for (int distance = 1; distance < p; distance *= 2, ++round) {
+    auto recv = op.recv((r - distance + p) % p, round, nullptr, 0);
+    op.send((r + distance) % p, round, nullptr, 0);
+    op.wait(recv);
+  }
+  op.waitAll();
+}
+
+}  // namespace pycomm::algorithms

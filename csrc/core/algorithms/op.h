@@ -1,0 +1,70 @@
+// One collective in flight, as the algorithms see it: its sequence number and signature, the
+// deadline every wait shares, and the sends and receives it posted. Algorithms are written against
+// this class and the transport interface only.
+//
+// If an algorithm throws, the communicator calls fail(): peers are told (so they fail too instead of
+// waiting), every request still pending is detached from its buffer, and late frames are dropped.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../dtype.h"
+#include "../transport/transport.h"
+
+namespace pycomm::algorithms {
+
+using transport::Clock;
+using transport::OpSignature;
+using transport::Request;
+using transport::Transport;
+
+class Op {
+ public:
+  Op(Transport& transport, uint64_t seq, OpSignature signature, std::string context,
+     Clock::time_point deadline, std::chrono::milliseconds timeout);
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  int rank() const { return transport_.rank(); }
+  int size() const { return transport_.size(); }
+  const std::string& context() const { return context_; }
+  uint64_t seq() const { return seq_; }
+
+  std::shared_ptr<Request> send(int peer, uint32_t slot, const void* data, size_t nbytes);
+  std::shared_ptr<Request> recv(int peer, uint32_t slot, void* data, size_t nbytes);
+  void wait(const std::shared_ptr<Request>& request);
+  // Waits for every request posted so far.
+  void waitAll();
+
+  // Called after the algorithm returned: waits for what is still pending and retires the op.
+  void finish();
+  // Called when the algorithm threw `message`: reports it to the peers and detaches every request.
+  void fail(const std::string& message);
+
+ private:
+  transport::FrameInfo info(uint32_t slot) const;
+
+  Transport& transport_;
+  const uint64_t seq_;
+  const OpSignature signature_;
+  const std::string context_;
+  const Clock::time_point deadline_;
+  const std::chrono::milliseconds timeout_;  // for messages
+  std::vector<std::shared_ptr<Request>> requests_;
+};
+
+// Splits `count` elements into `parts` contiguous segments whose sizes differ by at most one.
+struct Segments {
+  Segments(size_t count, int parts);
+  Segments(size_t countPerPart, int parts, bool /*equal*/);
+  size_t offset(int i) const { return offsets_[i]; }
+  size_t length(int i) const { return offsets_[i + 1] - offsets_[i]; }
+  size_t maxLength() const;
+
+ private:
+  std::vector<size_t> offsets_;
+};
+
+}  // namespace pycomm::algorithms

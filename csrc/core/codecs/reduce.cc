@@ -1,0 +1,221 @@
+#include "reduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "../error.h"
+#include "half.h"
+
+namespace pycomm::codecs {
+namespace {
+
+struct Sum {
+  template <typename T>
+  static T apply(T a, T b) { return a + b; }
+};
+struct Product {
+  template <typename T>
+  static T apply(T a, T b) { return a * b; }
+};
+// MIN/MAX propagate NaN as torch does (a NaN on any rank gives NaN).
+struct Min {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a) || std::isnan(b)) return a + b;
+    }
+    return b < a ? b : a;
+  }
+};
+struct Max {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a) || std::isnan(b)) return a + b;
+    }
+    return a < b ? b : a;
+  }
+};
+struct Band {
+  template <typename T>
+  static T apply(T a, T b) { return a & b; }
+};
+struct Bor {
+  template <typename T>
+  static T apply(T a, T b) { return a | b; }
+};
+struct Bxor {
+  template <typename T>
+  static T apply(T a, T b) { return a ^ b; }
+};
+
+template <typename Op, typename T>
+void reduceTyped(T* __restrict dst, const T* __restrict src, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = Op::apply(dst[i], src[i]);
+}
+
+// Wider arithmetic for narrow integers: C++ promotes to int anyway; cast back truncates as torch does.
+template <typename Op, typename T>
+void reduceNarrowInt(T* __restrict dst, const T* __restrict src, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    dst[i] = static_cast<T>(Op::apply(static_cast<int32_t>(dst[i]), static_cast<int32_t>(src[i])));
+  }
+}
+
+template <typename Op, float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
+void reduceHalf(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = fromFloat(Op::apply(toFloat(dst[i]), toFloat(src[i])));
+}
+
+// bool: SUM and MAX are logical or, PRODUCT and MIN logical and (torch's semantics for bool).
+template <typename Op>
+void reduceBool(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const uint8_t a = dst[i] != 0;
+    const uint8_t b = src[i] != 0;
+    dst[i] = static_cast<uint8_t>(Op::apply(a, b) != 0);
+  }
+}
+struct BoolOr {
+  static uint8_t apply(uint8_t a, uint8_t b) { return a | b; }
+};
+struct BoolAnd {
+  static uint8_t apply(uint8_t a, uint8_t b) { return a & b; }
+};
+struct BoolXor {
+  static uint8_t apply(uint8_t a, uint8_t b) { return a ^ b; }
+};
+
+template <typename Op>
+void dispatchArithmetic(void* dst, const void* src, size_t count, DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return reduceTyped<Op>(static_cast<float*>(dst), static_cast<const float*>(src), count);
+    case DataType::kFloat64:
+      return reduceTyped<Op>(static_cast<double*>(dst), static_cast<const double*>(src), count);
+    case DataType::kFloat16:
+      return reduceHalf<Op, fp16ToFloat, floatToFp16>(static_cast<uint16_t*>(dst),
+                                                      static_cast<const uint16_t*>(src), count);
+    case DataType::kBFloat16:
+      return reduceHalf<Op, bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(dst),
+                                                      static_cast<const uint16_t*>(src), count);
+    case DataType::kInt8:
+      return reduceNarrowInt<Op>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count);
+    case DataType::kUInt8:
+      return reduceNarrowInt<Op>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count);
+    case DataType::kInt16:
+      return reduceNarrowInt<Op>(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count);
+    case DataType::kInt32:
+      return reduceTyped<Op>(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
+    case DataType::kInt64:
+      return reduceTyped<Op>(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
+    default:
+      throw InternalError(strCat("reduce: unexpected dtype ", dtypeName(dtype)));
+  }
+}
+
+template <typename Op>
+void dispatchBitwise(void* dst, const void* src, size_t count, DataType dtype) {
+  switch (dtype) {
+    case DataType::kInt8:
+      return reduceNarrowInt<Op>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count);
+    case DataType::kUInt8:
+      return reduceNarrowInt<Op>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count);
+    case DataType::kInt16:
+      return reduceNarrowInt<Op>(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count);
+    case DataType::kInt32:
+      return reduceTyped<Op>(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
+    case DataType::kInt64:
+      return reduceTyped<Op>(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
+    default:
+      throw InvalidUsageError(strCat("reduce: bitwise op on non-integer dtype ", dtypeName(dtype)));
+  }
+}
+
+template <typename T>
+void scaleTyped(T* buf, size_t count, double factor) {
+  for (size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
+}
+
+template <float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
+void scaleHalf(uint16_t* buf, size_t count, double factor) {
+  const float f = static_cast<float>(factor);
+  for (size_t i = 0; i < count; ++i) buf[i] = fromFloat(toFloat(buf[i]) * f);
+}
+
+}  // namespace
+
+void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
+  if (count == 0) return;
+  if (dtype == DataType::kBool) {
+    auto* d = static_cast<uint8_t*>(dst);
+    const auto* s = static_cast<const uint8_t*>(src);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMax:
+      case ReduceOp::kBor:
+        return reduceBool<BoolOr>(d, s, count);
+      case ReduceOp::kProduct:
+      case ReduceOp::kMin:
+      case ReduceOp::kBand:
+        return reduceBool<BoolAnd>(d, s, count);
+      case ReduceOp::kBxor:
+        return reduceBool<BoolXor>(d, s, count);
+      default:
+        break;
+    }
+    throw InvalidUsageError(strCat("reduce: unsupported op ", reduceOpName(op), " for bool"));
+  }
+  switch (op) {
+    case ReduceOp::kSum:
+      return dispatchArithmetic<Sum>(dst, src, count, dtype);
+    case ReduceOp::kProduct:
+      return dispatchArithmetic<Product>(dst, src, count, dtype);
+    case ReduceOp::kMin:
+      return dispatchArithmetic<Min>(dst, src, count, dtype);
+    case ReduceOp::kMax:
+      return dispatchArithmetic<Max>(dst, src, count, dtype);
+    case ReduceOp::kBand:
+      return dispatchBitwise<Band>(dst, src, count, dtype);
+    case ReduceOp::kBor:
+      return dispatchBitwise<Bor>(dst, src, count, dtype);
+    case ReduceOp::kBxor:
+      return dispatchBitwise<Bxor>(dst, src, count, dtype);
+    default:
+      break;
+  }
+  throw InvalidUsageError(strCat("reduce: unsupported op ", static_cast<int>(op)));
+}
+
+void scaleBuffer(void* buf, size_t count, DataType dtype, double factor) {
+  switch (dtype) {
+    case DataType::kFloat32: {
+      auto* p = static_cast<float*>(buf);
+      const float f = static_cast<float>(factor);
+      for (size_t i = 0; i < count; ++i) p[i] *= f;
+      return;
+    }
+    case DataType::kFloat64:
+      return scaleTyped(static_cast<double*>(buf), count, factor);
+    case DataType::kFloat16:
+      return scaleHalf<fp16ToFloat, floatToFp16>(static_cast<uint16_t*>(buf), count, factor);
+    case DataType::kBFloat16:
+      return scaleHalf<bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(buf), count, factor);
+    case DataType::kInt8:
+      return scaleTyped(static_cast<int8_t*>(buf), count, factor);
+    case DataType::kUInt8:
+      return scaleTyped(static_cast<uint8_t*>(buf), count, factor);
+    case DataType::kInt16:
+      return scaleTyped(static_cast<int16_t*>(buf), count, factor);
+    case DataType::kInt32:
+      return scaleTyped(static_cast<int32_t*>(buf), count, factor);
+    case DataType::kInt64:
+      return scaleTyped(static_cast<int64_t*>(buf), count, factor);
+    default:
+      throw InvalidUsageError(strCat("scale: unsupported dtype ", dtypeName(dtype)));
+  }
+}
+
+}  // namespace pycomm::codecs

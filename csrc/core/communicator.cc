@@ -1,0 +1,320 @@
+#include "communicator.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "algorithms/chain.h"
+#include "algorithms/direct.h"
+#include "algorithms/op.h"
+#include "algorithms/ring.h"
+#include "error.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace pycomm {
+
+using algorithms::Op;
+using algorithms::Segments;
+using transport::Clock;
+using transport::OpKind;
+using transport::OpSignature;
+
+const char* algorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kRing: return "ring";
+    default: return "auto";
+  }
+}
+
+namespace {
+
+OpSignature makeSignature(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count) {
+  OpSignature s;
+  s.kind = kind;
+  s.dtype = static_cast<uint8_t>(dtype);
+  s.reduceOp = static_cast<uint8_t>(op);
+  s.root = root;
+  s.count = count;
+  return s;
+}
+
+size_t alignUp(size_t n) { return (n + 63) & ~size_t{63}; }
+
+}  // namespace
+
+Communicator::Communicator(const Config& config, Store& store)
+    : config_(config),
+      logger_(config.logLevel, strCat("[rank ", config.rank, "/", config.size, " group ",
+                                      config.groupName.empty() ? "default" : config.groupName, "]")) {
+  PYCOMM_CHECK(config.size >= 1 && config.rank >= 0 && config.rank < config.size, InvalidUsageError,
+               "invalid rank ", config.rank, " for a group of ", config.size);
+  PYCOMM_CHECK(config.chunkBytes >= 64, InvalidUsageError, "chunk_bytes must be at least 64, got ",
+               config.chunkBytes);
+  transport::tcp::TcpOptions options;
+  options.rank = config.rank;
+  options.size = config.size;
+  options.bindHost = config.bindHost;
+  options.timeout = config.timeout;
+  options.logger = logger_;
+  transport_ = std::make_unique<transport::tcp::TcpTransport>(options, store);
+  worker_ = std::thread([this] { workerLoop(); });
+  logger_.log(LogLevel::kInfo, strCat("connected over ", transport_->name(), ", listening on ",
+                                      config.bindHost, ", chunk ", config.chunkBytes, " B"));
+}
+
+Communicator::~Communicator() { shutdown(); }
+
+std::string Communicator::prefix() const { return strCat("[rank ", rank(), "/", size(), "]"); }
+
+// ---------------------------------------------------------------------------------------------
+// The worker
+
+void Communicator::enqueue(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix(), " the process group was shut down");
+    queue_.push_back(std::move(task));
+  }
+  queueCv_.notify_one();
+}
+
+void Communicator::workerLoop() {
+  while (true) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(queueMutex_);
+      queueCv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) break;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+    }
+    try {
+      task();
+    } catch (const std::exception& e) {
+      // Tasks report their errors through their Work; one escaping here is a bug worth seeing.
+      logger_.warn(strCat("a queued task threw: ", e.what()));
+    }
+    {
+      std::lock_guard<std::mutex> lock(queueMutex_);
+      running_ = false;
+    }
+    idleCv_.notify_all();
+  }
+}
+
+bool Communicator::drain(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(queueMutex_);
+  return idleCv_.wait_for(lock, timeout, [&] { return queue_.empty() && !running_; });
+}
+
+void Communicator::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    if (stopping_ && !worker_.joinable()) return;
+  }
+  // Ops already queued get a bounded grace to finish; a shutdown must not hang on a dead peer.
+  const auto grace = std::min<std::chrono::milliseconds>(config_.timeout, std::chrono::seconds(30));
+  if (!drain(grace)) {
+    logger_.warn("shutdown: ops still pending after the grace period; aborting them");
+  }
+  abort("the process group was shut down");
+}
+
+void Communicator::abort(const std::string& reason) {
+  transport_->abort(reason);
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    stopping_ = true;
+  }
+  queueCv_.notify_all();
+  if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+}
+
+uint8_t* Communicator::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+template <typename Body>
+void Communicator::runCollective(OpSignature signature, const char* algorithm, Body body) {
+  const uint64_t seq = ++seq_;
+  const auto start = Clock::now();
+  Op op(*transport_, seq, signature, strCat(prefix(), " ", transport::opKindName(signature.kind), "/",
+                                            algorithm, " ", transport_->name(), " seq=", seq),
+        start + config_.timeout, config_.timeout);
+  try {
+    body(op);
+    op.finish();
+  } catch (const std::exception& e) {
+    op.fail(e.what());
+    throw;
+  }
+  if (logger_.enabled(LogLevel::kInfo)) {
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+    logger_.log(LogLevel::kInfo,
+                strCat(" seq=", seq, " ", transport::opKindName(signature.kind), " ",
+                       signature.count * elementSize(static_cast<DataType>(signature.dtype)), " B ",
+                       algorithm, " ", transport_->name(), " ", us, " us"));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+
+void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " allreduce: op ",
+               reduceOpName(op), " is not defined for ", dtypeName(dtype));
+  runCollective(makeSignature(OpKind::kAllreduce, dtype, op, -1, count), "ring", [&](Op& o) {
+    if (size() == 1) return;
+    Segments segments(count, size());
+    const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / elementSize(dtype));
+    uint8_t* tmp = scratch(algorithms::ringScratchBytes(segments, chunkElems, dtype));
+    algorithms::ringAllreduce(o, {static_cast<uint8_t*>(data), tmp}, segments, dtype, op, chunkElems,
+                              true);
+  });
+}
+
+void Communicator::broadcast(void* data, size_t count, DataType dtype, int root) {
+  PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " broadcast: invalid root ", root);
+  runCollective(makeSignature(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count), "chain",
+                [&](Op& o) {
+                  algorithms::chainBroadcast(o, static_cast<uint8_t*>(data),
+                                             count * elementSize(dtype), root, config_.chunkBytes);
+                });
+}
+
+void Communicator::reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) {
+  PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " reduce: invalid root ", root);
+  PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " reduce: op ",
+               reduceOpName(op), " is not defined for ", dtypeName(dtype));
+  runCollective(makeSignature(OpKind::kReduce, dtype, op, root, count), "ring", [&](Op& o) {
+    const int p = size();
+    const int r = rank();
+    if (p == 1) return;
+    const size_t esize = elementSize(dtype);
+    const size_t bytes = count * esize;
+    Segments segments(count, p);
+    const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
+    // Reduce-scatter a copy, so that non-root ranks keep their input as it was.
+    uint8_t* work = scratch(alignUp(bytes) + algorithms::ringScratchBytes(segments, chunkElems, dtype));
+    uint8_t* tmp = work + alignUp(bytes);
+    if (bytes > 0) std::memcpy(work, data, bytes);
+    algorithms::ringAllreduce(o, {work, tmp}, segments, dtype, op, chunkElems, false);
+    const uint32_t slot = static_cast<uint32_t>(2 * (p - 1) * algorithms::ringChunkCount(segments, chunkElems));
+    auto* out = static_cast<uint8_t*>(data);
+    if (r == root) {
+      std::memcpy(out + segments.offset(r) * esize, work + segments.offset(r) * esize,
+                  segments.length(r) * esize);
+      for (int peer = 0; peer < p; ++peer) {
+        if (peer != r) o.recv(peer, slot, out + segments.offset(peer) * esize, segments.length(peer) * esize);
+      }
+    } else {
+      o.send(root, slot, work + segments.offset(r) * esize, segments.length(r) * esize);
+    }
+    o.waitAll();
+  });
+}
+
+void Communicator::allgather(const void* in, void* out, size_t count, DataType dtype) {
+  runCollective(makeSignature(OpKind::kAllgather, dtype, ReduceOp::kSum, -1, count), "ring", [&](Op& o) {
+    const size_t esize = elementSize(dtype);
+    auto* dst = static_cast<uint8_t*>(out);
+    if (count > 0 && dst + rank() * count * esize != in) {
+      std::memmove(dst + rank() * count * esize, in, count * esize);
+    }
+    const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
+    algorithms::ringAllgather(o, dst, Segments(count, size(), true), esize, chunkElems);
+  });
+}
+
+void Communicator::reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
+  PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " reduce_scatter: op ",
+               reduceOpName(op), " is not defined for ", dtypeName(dtype));
+  runCollective(makeSignature(OpKind::kReduceScatter, dtype, op, -1, count), "ring", [&](Op& o) {
+    const size_t esize = elementSize(dtype);
+    const size_t bytes = count * esize * size();
+    Segments segments(count, size(), true);
+    const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
+    uint8_t* work = scratch(alignUp(bytes) + algorithms::ringScratchBytes(segments, chunkElems, dtype));
+    if (bytes > 0) std::memcpy(work, in, bytes);
+    algorithms::ringAllreduce(o, {work, work + alignUp(bytes)}, segments, dtype, op, chunkElems, false);
+    if (count > 0) std::memcpy(out, work + rank() * count * esize, count * esize);
+  });
+}
+
+void Communicator::gather(const void* in, void* out, size_t count, DataType dtype, int root) {
+  PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " gather: invalid root ", root);
+  runCollective(makeSignature(OpKind::kGather, dtype, ReduceOp::kSum, root, count), "direct", [&](Op& o) {
+    algorithms::directGather(o, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out),
+                             count * elementSize(dtype), root);
+  });
+}
+
+void Communicator::scatter(const void* in, void* out, size_t count, DataType dtype, int root) {
+  PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " scatter: invalid root ", root);
+  runCollective(makeSignature(OpKind::kScatter, dtype, ReduceOp::kSum, root, count), "direct", [&](Op& o) {
+    algorithms::directScatter(o, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out),
+                              count * elementSize(dtype), root);
+  });
+}
+
+void Communicator::alltoall(const void* in, const std::vector<size_t>& sendCounts,
+                            const std::vector<size_t>& sendOffsets, void* out,
+                            const std::vector<size_t>& recvCounts,
+                            const std::vector<size_t>& recvOffsets, DataType dtype) {
+  const size_t p = static_cast<size_t>(size());
+  PYCOMM_CHECK(sendCounts.size() == p && sendOffsets.size() == p && recvCounts.size() == p &&
+                   recvOffsets.size() == p,
+               InvalidUsageError, prefix(), " alltoall: expected ", p, " counts and offsets");
+  PYCOMM_CHECK(sendCounts[rank()] == recvCounts[rank()], InvalidUsageError, prefix(),
+               " alltoall: this rank sends ", sendCounts[rank()], " elements to itself but expects ",
+               recvCounts[rank()]);
+  // Per-peer counts may legitimately differ, so the signature carries none; each frame's size is
+  // still checked against the receive it lands in.
+  runCollective(makeSignature(OpKind::kAlltoall, dtype, ReduceOp::kSum, -1, 0), "direct", [&](Op& o) {
+    const size_t esize = elementSize(dtype);
+    auto bytes = [&](const std::vector<size_t>& v) {
+      std::vector<size_t> out(v.size());
+      for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] * esize;
+      return out;
+    };
+    algorithms::directAlltoall(o, static_cast<const uint8_t*>(in), bytes(sendOffsets), bytes(sendCounts),
+                               static_cast<uint8_t*>(out), bytes(recvOffsets), bytes(recvCounts));
+  });
+}
+
+void Communicator::barrier() {
+  runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0),
+                "dissemination", [&](Op& o) { algorithms::disseminationBarrier(o); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point-to-point
+
+std::shared_ptr<Request> Communicator::send(const void* data, size_t nbytes, int peer, uint64_t tag) {
+  transport::FrameInfo info;
+  info.channel = transport::Channel::kP2P;
+  info.seq = tag;
+  info.signature = makeSignature(OpKind::kSend, DataType::kUInt8, ReduceOp::kSum, -1, nbytes);
+  return transport_->isend(peer, info, data, nbytes);
+}
+
+std::shared_ptr<Request> Communicator::recv(void* data, size_t nbytes, int peer, uint64_t tag) {
+  transport::FrameInfo info;
+  info.channel = transport::Channel::kP2P;
+  info.seq = tag;
+  info.signature = makeSignature(OpKind::kSend, DataType::kUInt8, ReduceOp::kSum, -1, nbytes);
+  return transport_->irecv(peer, info, data, nbytes);
+}
+
+void Communicator::waitPointToPoint(const std::shared_ptr<Request>& request, const std::string& what) {
+  const auto deadline = Clock::now() + config_.timeout;
+  try {
+    request->wait(deadline, strCat(prefix(), " ", what));
+  } catch (const TimeoutError& e) {
+    transport_->cancel(request, Clock::now() + std::chrono::seconds(5));
+    throw TimeoutError(strCat(e.what(), " after ", config_.timeout.count(), " ms"));
+  }
+}
+
+}  // namespace pycomm

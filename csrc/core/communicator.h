@@ -1,0 +1,101 @@
+// A communicator: one group's rank, size, transport, and the worker that runs its ops.
+//
+// Collectives are queued with enqueue() and run on the worker thread in the order they were issued
+// (the same order on every rank, as with NCCL and Gloo); each runs to completion, overlapping its
+// own chunks' sends, receives and reductions. Point-to-point sends and receives bypass the queue:
+// they are posted to the transport at once and complete asynchronously, so a receive never waits
+// behind an unrelated collective.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config.h"
+#include "dtype.h"
+#include "store.h"
+#include "transport/transport.h"
+
+namespace pycomm {
+
+using transport::Request;
+
+class Communicator {
+ public:
+  Communicator(const Config& config, Store& store);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return config_.rank; }
+  int size() const { return config_.size; }
+  const Config& config() const { return config_; }
+  const Logger& logger() const { return logger_; }
+
+  // Runs `task` on the worker thread after every task enqueued before it.
+  void enqueue(std::function<void()> task);
+  // Waits until every enqueued task ran, or the timeout passes (then returns false).
+  bool drain(std::chrono::milliseconds timeout);
+  // Stops the worker after the queued tasks, then closes the transport. Idempotent.
+  void shutdown();
+  // Fails everything pending and in flight at once. Idempotent.
+  void abort(const std::string& reason);
+  void setTimeout(std::chrono::milliseconds timeout) { config_.timeout = timeout; }
+
+  // The number of collectives issued so far on this rank (the next one gets this + 1).
+  uint64_t sequenceNumber() const { return seq_; }
+
+  // Collectives. Blocking; call them from an enqueued task so every rank runs them in one order.
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op);
+  void broadcast(void* data, size_t count, DataType dtype, int root);
+  // The reduction lands in `data` at `root`; other ranks' `data` is left unchanged.
+  void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root);
+  // out holds size() * count elements, rank i's at i * count.
+  void allgather(const void* in, void* out, size_t count, DataType dtype);
+  // in holds size() * count elements; this rank's reduced block lands in out.
+  void reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op);
+  void gather(const void* in, void* out, size_t count, DataType dtype, int root);
+  void scatter(const void* in, void* out, size_t count, DataType dtype, int root);
+  // Counts and offsets in elements, one per peer.
+  void alltoall(const void* in, const std::vector<size_t>& sendCounts,
+                const std::vector<size_t>& sendOffsets, void* out,
+                const std::vector<size_t>& recvCounts, const std::vector<size_t>& recvOffsets,
+                DataType dtype);
+  void barrier();
+
+  // Point-to-point, from any thread; tags keep separate streams apart.
+  std::shared_ptr<Request> send(const void* data, size_t nbytes, int peer, uint64_t tag);
+  // peer may be transport::Transport::kAnyPeer.
+  std::shared_ptr<Request> recv(void* data, size_t nbytes, int peer, uint64_t tag);
+  // Waits for a point-to-point request with the group's timeout; detaches it if that passes.
+  void waitPointToPoint(const std::shared_ptr<Request>& request, const std::string& what);
+
+ private:
+  template <typename Body>
+  void runCollective(transport::OpSignature signature, const char* algorithm, Body body);
+  uint8_t* scratch(size_t bytes);
+  void workerLoop();
+  std::string prefix() const;
+
+  Config config_;
+  Logger logger_;
+  std::unique_ptr<transport::Transport> transport_;
+  uint64_t seq_ = 0;                // worker thread only
+  std::vector<uint8_t> scratch_;    // worker thread only
+
+  std::mutex queueMutex_;
+  std::condition_variable queueCv_;
+  std::condition_variable idleCv_;
+  std::deque<std::function<void()>> queue_;
+  bool running_ = false;  // a task is executing
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace pycomm

@@ -1,0 +1,86 @@
+// The wire format: every message is one fixed header followed by `nbytes` of payload.
+//
+// The header says what the sender thinks it is doing (op kind, dtype, reduce op, root, element
+// count, sequence number), so that a receiver whose own op differs detects it on the first frame and
+// fails with both sides' views instead of reducing garbage or waiting forever.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace pycomm::transport {
+
+constexpr uint32_t kFrameMagic = 0x4d435950;  // "PYCM"
+constexpr uint8_t kFrameVersion = 1;
+// A frame larger than this is malformed: no single message of ours gets near it.
+constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 40;
+
+enum class FrameKind : uint8_t { kData = 1, kError = 2 };
+enum class Channel : uint8_t { kCollective = 1, kP2P = 2 };
+
+// What operation a collective frame belongs to. Order matters: it is on the wire.
+enum class OpKind : uint8_t {
+  kNone = 0,
+  kAllreduce,
+  kBroadcast,
+  kReduce,
+  kAllgather,
+  kReduceScatter,
+  kGather,
+  kScatter,
+  kAlltoall,
+  kBarrier,
+  kSend,
+};
+const char* opKindName(OpKind kind);
+
+// What the sender says about the op; the receiver compares it field by field with its own.
+struct OpSignature {
+  OpKind kind = OpKind::kNone;
+  uint8_t dtype = 0;
+  uint8_t reduceOp = 0;
+  int32_t root = -1;
+  uint64_t count = 0;  // elements per rank as the op defines it (0 where counts may differ)
+
+  bool operator==(const OpSignature& o) const {
+    return kind == o.kind && dtype == o.dtype && reduceOp == o.reduceOp && root == o.root &&
+           count == o.count;
+  }
+  bool operator!=(const OpSignature& o) const { return !(*this == o); }
+  std::string describe() const;
+};
+
+#pragma pack(push, 1)
+struct FrameHeader {
+  uint32_t magic;
+  uint8_t version;
+  uint8_t kind;     // FrameKind
+  uint8_t channel;  // Channel
+  uint8_t opKind;   // OpKind
+  uint8_t dtype;
+  uint8_t reduceOp;
+  uint16_t reserved;
+  int32_t root;
+  uint64_t seq;  // collective: op sequence number; p2p: user tag
+  uint32_t slot; // collective: step and chunk index within the op
+  uint32_t reserved2;
+  uint64_t count;
+  uint64_t nbytes;
+};
+#pragma pack(pop)
+static_assert(sizeof(FrameHeader) == 48, "the frame header is part of the wire format");
+
+// Identity of one message: the channel, the op (or tag) and the slot inside the op.
+struct FrameInfo {
+  Channel channel = Channel::kCollective;
+  uint64_t seq = 0;
+  uint32_t slot = 0;
+  OpSignature signature;
+};
+
+FrameHeader makeHeader(FrameKind kind, const FrameInfo& info, uint64_t nbytes);
+OpSignature signatureOf(const FrameHeader& header);
+// Empty string if the header is well formed, otherwise why not.
+std::string validateHeader(const FrameHeader& header);
+
+}  // namespace pycomm::transport

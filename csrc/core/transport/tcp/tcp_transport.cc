@@ -1,0 +1,670 @@
+#include "tcp_transport.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "../../error.h"
+#include "handshake.h"
+
+namespace pycomm::transport::tcp {
+namespace {
+
+constexpr uint64_t kWakeupTag = ~uint64_t{0};
+constexpr uint64_t kListenerTag = ~uint64_t{0} - 1;
+constexpr size_t kMaxErrorText = 64 * 1024;
+constexpr size_t kMaxIov = 32;
+
+std::exception_ptr remoteError(const std::string& message) {
+  return std::make_exception_ptr(RemoteError(message));
+}
+
+}  // namespace
+
+TcpTransport::TcpTransport(const TcpOptions& options, Store& store)
+    : rank_(options.rank),
+      size_(options.size),
+      timeout_(options.timeout),
+      logger_(options.logger),
+      discard_(256 * 1024) {
+  peers_.resize(size_);
+  epoll_ = Socket(epoll_create1(EPOLL_CLOEXEC));
+  wakeup_ = Socket(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  PYCOMM_CHECK(epoll_.valid() && wakeup_.valid(), InternalError, "epoll/eventfd: ", std::strerror(errno));
+  auto watch = [&](int fd, uint64_t tag) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag;
+    PYCOMM_CHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, fd, &ev) == 0, InternalError,
+                 "epoll_ctl: ", std::strerror(errno));
+  };
+  watch(wakeup_.fd(), kWakeupTag);
+  if (size_ > 1) {
+    GroupSockets group = connectGroup(rank_, size_, options.bindHost, store, timeout_, logger_);
+    listener_ = std::move(group.listener);
+    watch(listener_.fd(), kListenerTag);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      peers_[r] = std::make_unique<Peer>();
+      peers_[r]->rank = r;
+      peers_[r]->socket = std::move(group.peers[r]);
+      watch(peers_[r]->socket.fd(), static_cast<uint64_t>(r));
+    }
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+TcpTransport::~TcpTransport() { abort("the process group was destroyed"); }
+
+std::string TcpTransport::context() const { return strCat("[rank ", rank_, "/", size_, "]"); }
+
+// ---------------------------------------------------------------------------------------------
+// Posting
+
+std::shared_ptr<Request> TcpTransport::isend(int peer, const FrameInfo& info, const void* data,
+                                             size_t nbytes) {
+  PYCOMM_CHECK(peer >= 0 && peer < size_ && peer != rank_, InvalidUsageError, context(),
+               " send to invalid peer ", peer, " (group of ", size_, ")");
+  auto request = std::make_shared<Request>(Request::Direction::kSend, peer,
+                                           const_cast<void*>(data), nbytes);
+  Peer& p = *peers_[peer];
+  std::vector<std::shared_ptr<Request>> done;
+  int err = 0;
+  {
+    std::lock_guard<std::mutex> lock(p.sendMutex);
+    if (p.sendClosed) {
+      request->fail(p.sendClosed);
+      return request;
+    }
+    OutgoingFrame frame{makeHeader(FrameKind::kData, info, nbytes),
+                        static_cast<const uint8_t*>(data), nbytes, 0, request, {}};
+    p.sendQueue.push_back(std::move(frame));
+    // Write from this thread when nothing is queued ahead: it saves waking the loop, which matters
+    // for small messages. What the socket does not take now, the loop writes when it can.
+    if (p.sendQueue.size() == 1) err = flushLocked(p, done);
+    if (!p.sendQueue.empty() && !p.pollingWrite && err == 0) setPollWrite(p, true);
+  }
+  for (auto& r : done) r->complete(r->capacity(), peer);
+  if (err != 0) {
+    failPeer(p, remoteError(strCat(context(), " sending to peer ", peer, " failed: ",
+                                   std::strerror(err))));
+  }
+  return request;
+}
+
+std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, void* data,
+                                             size_t nbytes) {
+  const bool anyPeer = peer == kAnyPeer;
+  PYCOMM_CHECK((anyPeer && info.channel == Channel::kP2P) ||
+                   (peer >= 0 && peer < size_ && peer != rank_),
+               InvalidUsageError, context(), " receive from invalid peer ", peer, " (group of ",
+               size_, ")");
+  auto request = std::make_shared<Request>(Request::Direction::kRecv, peer, data, nbytes);
+  std::vector<Completion> completions;
+  {
+    std::lock_guard<std::mutex> lock(matchMutex_);
+    std::exception_ptr failure = aborted_;
+    if (!failure && !anyPeer && peers_[peer]->failure) failure = peers_[peer]->failure;
+    if (info.channel == Channel::kCollective) {
+      auto failed = failedSeqs_.find(info.seq);
+      if (!failure && failed != failedSeqs_.end()) failure = remoteError(failed->second);
+    }
+    if (failure) {
+      completions.push_back({request, 0, peer, failure});
+    } else if (info.channel == Channel::kCollective) {
+      CollectiveKey key{peer, info.seq, info.slot};
+      auto arrived = arrivedCollective_.find(key);
+      if (arrived != arrivedCollective_.end()) {
+        std::string why = checkCollective(peer, arrived->second.header, {request, info.signature}, nbytes);
+        if (why.empty()) {
+          if (nbytes > 0) std::memcpy(data, arrived->second.payload.data(), nbytes);
+          completions.push_back({request, nbytes, peer, nullptr});
+        } else {
+          completions.push_back({request, 0, peer, std::make_exception_ptr(InvalidUsageError(why))});
+        }
+        arrivedCollective_.erase(arrived);
+      } else {
+        auto inserted = postedCollective_.emplace(key, PostedCollective{request, info.signature});
+        PYCOMM_CHECK(inserted.second, InternalError, context(), " duplicate receive for seq ",
+                     info.seq, " slot ", info.slot, " from peer ", peer);
+      }
+    } else {
+      auto match = std::find_if(arrivedP2P_.begin(), arrivedP2P_.end(), [&](const Arrived& a) {
+        return (anyPeer || a.peer == peer) && a.header.seq == info.seq;
+      });
+      if (match != arrivedP2P_.end()) {
+        std::string why = checkP2P(match->peer, match->header, nbytes);
+        if (why.empty()) {
+          if (nbytes > 0) std::memcpy(data, match->payload.data(), nbytes);
+          completions.push_back({request, nbytes, match->peer, nullptr});
+        } else {
+          completions.push_back({request, 0, match->peer, std::make_exception_ptr(InvalidUsageError(why))});
+        }
+        arrivedP2P_.erase(match);
+      } else {
+        postedP2P_.push_back({peer, info.seq, request});
+      }
+    }
+  }
+  finish(completions);
+  return request;
+}
+
+bool TcpTransport::cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) {
+  if (request->done()) return true;
+  bool active = false;
+  {
+    std::lock_guard<std::mutex> lock(matchMutex_);
+    for (auto it = postedCollective_.begin(); it != postedCollective_.end(); ++it) {
+      if (it->second.request == request) {
+        postedCollective_.erase(it);
+        return true;
+      }
+    }
+    for (auto it = postedP2P_.begin(); it != postedP2P_.end(); ++it) {
+      if (it->request == request) {
+        postedP2P_.erase(it);
+        return true;
+      }
+    }
+    for (auto& p : peers_) {
+      if (p && p->request == request) active = true;
+    }
+  }
+  if (!active && request->direction() == Request::Direction::kSend) {
+    Peer& p = *peers_[request->peer()];
+    std::lock_guard<std::mutex> lock(p.sendMutex);
+    for (auto it = p.sendQueue.begin(); it != p.sendQueue.end(); ++it) {
+      if (it->request != request) continue;
+      if (it->written == 0) {
+        p.sendQueue.erase(it);
+        return true;
+      }
+      active = true;  // half written: the rest must follow or the stream loses its framing
+      break;
+    }
+  }
+  if (active || !request->done()) {
+    // The loop is moving this request's bytes right now; that ends soon unless the peer stalls.
+    try {
+      request->wait(deadline, context());
+    } catch (const Error&) {
+      // Only whether it is done matters here; the op reports its own error.
+    }
+  }
+  if (request->done()) return true;
+  abort(strCat("a request to or from peer ", request->peer(), " could not be cancelled"));
+  return false;
+}
+
+void TcpTransport::reportFailure(uint64_t seq, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(matchMutex_);
+    if (seq > retiredSeq_) failedSeqs_.emplace(seq, message);
+  }
+  const std::string text = message.size() > kMaxErrorText ? message.substr(0, kMaxErrorText) : message;
+  for (auto& peerPtr : peers_) {
+    if (!peerPtr) continue;
+    Peer& p = *peerPtr;
+    std::vector<std::shared_ptr<Request>> done;
+    int err = 0;
+    {
+      std::lock_guard<std::mutex> lock(p.sendMutex);
+      if (p.sendClosed) continue;
+      FrameInfo info;
+      info.channel = Channel::kCollective;
+      info.seq = seq;
+      OutgoingFrame frame{makeHeader(FrameKind::kError, info, text.size()), nullptr, text.size(), 0,
+                          nullptr, std::vector<uint8_t>(text.begin(), text.end())};
+      p.sendQueue.push_back(std::move(frame));
+      p.sendQueue.back().data = p.sendQueue.back().owned.data();
+      if (p.sendQueue.size() == 1) err = flushLocked(p, done);
+      if (!p.sendQueue.empty() && !p.pollingWrite && err == 0) setPollWrite(p, true);
+    }
+    for (auto& r : done) r->complete(r->capacity(), p.rank);
+    if (err != 0) failPeer(p, remoteError(strCat(context(), " sending to peer ", p.rank, " failed: ", std::strerror(err))));
+  }
+}
+
+void TcpTransport::retire(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(matchMutex_);
+  retiredSeq_ = std::max(retiredSeq_, seq);
+  for (auto it = arrivedCollective_.begin(); it != arrivedCollective_.end();) {
+    it = std::get<1>(it->first) <= retiredSeq_ ? arrivedCollective_.erase(it) : std::next(it);
+  }
+  failedSeqs_.erase(failedSeqs_.begin(), failedSeqs_.upper_bound(retiredSeq_));
+}
+
+void TcpTransport::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abortMutex_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  auto error = remoteError(strCat(context(), " communicator aborted: ", reason));
+  stopping_.store(true);
+  uint64_t one = 1;
+  (void)!::write(wakeup_.fd(), &one, sizeof one);
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  // The loop has stopped: nothing touches a caller's buffer any more. Fail whatever waits.
+  std::vector<Completion> completions;
+  {
+    std::lock_guard<std::mutex> lock(matchMutex_);
+    aborted_ = error;
+    for (auto& entry : postedCollective_) completions.push_back({entry.second.request, 0, -1, error});
+    for (auto& entry : postedP2P_) completions.push_back({entry.request, 0, entry.peer, error});
+    postedCollective_.clear();
+    postedP2P_.clear();
+    arrivedCollective_.clear();
+    arrivedP2P_.clear();
+    for (auto& p : peers_) {
+      if (p && p->request) completions.push_back({std::move(p->request), 0, p->rank, error});
+    }
+  }
+  for (auto& p : peers_) {
+    if (!p) continue;
+    std::lock_guard<std::mutex> lock(p->sendMutex);
+    p->sendClosed = error;
+    for (auto& frame : p->sendQueue) {
+      if (frame.request) completions.push_back({frame.request, 0, p->rank, error});
+    }
+    p->sendQueue.clear();
+    if (p->socket.valid()) ::shutdown(p->socket.fd(), SHUT_RDWR);
+  }
+  finish(completions);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matching
+
+std::string TcpTransport::checkCollective(int peer, const FrameHeader& header,
+                                          const PostedCollective& posted,
+                                          size_t expectedBytes) const {
+  const OpSignature theirs = signatureOf(header);
+  const OpSignature& ours = posted.signature;
+  const std::string op = strCat(context(), " ", opKindName(ours.kind), " seq=", header.seq);
+  if (theirs != ours) {
+    return strCat(op, ": mismatched collectives across ranks: rank ", rank_, " runs ",
+                  ours.describe(), " but rank ", peer, " runs ", theirs.describe());
+  }
+  if (header.nbytes != expectedBytes) {
+    return strCat(op, ": mismatched sizes across ranks: rank ", rank_, " expects ", expectedBytes,
+                  " bytes from rank ", peer, " but rank ", peer, " sent ", header.nbytes, " bytes");
+  }
+  return {};
+}
+
+std::string TcpTransport::checkP2P(int peer, const FrameHeader& header, size_t expectedBytes) const {
+  if (header.nbytes == expectedBytes) return {};
+  return strCat(context(), " recv from peer ", peer, " (tag ", header.seq, "): rank ", rank_,
+                " posted a buffer of ", expectedBytes, " bytes but rank ", peer, " sent ",
+                header.nbytes, " bytes");
+}
+
+bool TcpTransport::deliverArrivedLocked(Arrived& arrived, std::vector<Completion>& completions) {
+  const FrameHeader& h = arrived.header;
+  if (h.channel == static_cast<uint8_t>(Channel::kCollective)) {
+    auto posted = postedCollective_.find(CollectiveKey{arrived.peer, h.seq, h.slot});
+    if (posted == postedCollective_.end()) return false;
+    auto request = posted->second.request;
+    std::string why = checkCollective(arrived.peer, h, posted->second, request->capacity());
+    postedCollective_.erase(posted);
+    if (!why.empty()) {
+      completions.push_back({request, 0, arrived.peer, std::make_exception_ptr(InvalidUsageError(why))});
+      return true;
+    }
+    if (h.nbytes > 0) std::memcpy(request->data(), arrived.payload.data(), h.nbytes);
+    completions.push_back({request, h.nbytes, arrived.peer, nullptr});
+    return true;
+  }
+  auto posted = std::find_if(postedP2P_.begin(), postedP2P_.end(), [&](const PostedP2P& p) {
+    return (p.peer == kAnyPeer || p.peer == arrived.peer) && p.tag == h.seq;
+  });
+  if (posted == postedP2P_.end()) return false;
+  auto request = posted->request;
+  postedP2P_.erase(posted);
+  std::string why = checkP2P(arrived.peer, h, request->capacity());
+  if (!why.empty()) {
+    completions.push_back({request, 0, arrived.peer, std::make_exception_ptr(InvalidUsageError(why))});
+    return true;
+  }
+  if (h.nbytes > 0) std::memcpy(request->data(), arrived.payload.data(), h.nbytes);
+  completions.push_back({request, h.nbytes, arrived.peer, nullptr});
+  return true;
+}
+
+void TcpTransport::finish(std::vector<Completion>& completions) {
+  for (auto& c : completions) {
+    if (c.error) {
+      c.request->fail(c.error);
+    } else {
+      c.request->complete(c.bytes, c.peer);
+    }
+  }
+  completions.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The event loop
+
+void TcpTransport::loop() {
+  epoll_event events[64];
+  while (!stopping_.load()) {
+    int n = epoll_wait(epoll_.fd(), events, 64, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      logger_.warn(strCat(context(), " event loop stopped: epoll_wait: ", std::strerror(errno)));
+      return;
+    }
+    for (int i = 0; i < n && !stopping_.load(); ++i) {
+      const uint64_t tag = events[i].data.u64;
+      if (tag == kWakeupTag) {
+        uint64_t value;
+        (void)!::read(wakeup_.fd(), &value, sizeof value);
+        continue;
+      }
+      if (tag == kListenerTag) {
+        acceptStranger();
+        continue;
+      }
+      Peer& peer = *peers_[tag];
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) handleReadable(peer);
+      if (events[i].events & EPOLLOUT) handleWritable(peer);
+    }
+  }
+}
+
+void TcpTransport::acceptStranger() {
+  int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) return;
+  Socket stranger(fd);
+  logger_.warn(strCat(context(), " dropped connection from ", stranger.peerAddress(),
+                      ": the group is already connected"));
+}
+
+void TcpTransport::handleReadable(Peer& peer) {
+  while (peer.socket.valid() && !stopping_.load() && readSome(peer)) {
+  }
+}
+
+bool TcpTransport::readSome(Peer& peer) {
+  {
+    std::lock_guard<std::mutex> lock(matchMutex_);
+    if (peer.failure) return false;
+  }
+  uint8_t* dst;
+  size_t want;
+  if (peer.headerGot < sizeof(FrameHeader)) {
+    dst = reinterpret_cast<uint8_t*>(&peer.header) + peer.headerGot;
+    want = sizeof(FrameHeader) - peer.headerGot;
+  } else {
+    want = peer.header.nbytes - peer.payloadGot;
+    switch (peer.target) {
+      case ReadTarget::kRequest:
+        dst = static_cast<uint8_t*>(peer.request->data()) + peer.payloadGot;
+        break;
+      case ReadTarget::kBuffer:
+      case ReadTarget::kErrorText:
+        dst = peer.buffer.data() + peer.payloadGot;
+        break;
+      default:
+        dst = discard_.data();
+        want = std::min(want, discard_.size());
+        break;
+    }
+  }
+  ssize_t n = ::recv(peer.socket.fd(), dst, want, MSG_DONTWAIT);
+  if (n < 0) {
+    if (errno == EINTR) return true;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    failPeer(peer, remoteError(strCat(context(), " connection to peer ", peer.rank, " failed: ",
+                                      std::strerror(errno))));
+    return false;
+  }
+  if (n == 0) {
+    failPeer(peer, remoteError(strCat(context(), " connection to peer ", peer.rank,
+                                      " closed (the peer exited, was killed, or destroyed its "
+                                      "process group)")));
+    return false;
+  }
+  if (peer.headerGot < sizeof(FrameHeader)) {
+    peer.headerGot += static_cast<size_t>(n);
+    if (peer.headerGot == sizeof(FrameHeader)) onHeader(peer);
+  } else {
+    peer.payloadGot += static_cast<size_t>(n);
+    if (peer.payloadGot == peer.header.nbytes) onPayload(peer);
+  }
+  return true;
+}
+
+void TcpTransport::onHeader(Peer& peer) {
+  const FrameHeader& h = peer.header;
+  std::string malformed = validateHeader(h);
+  if (malformed.empty() && h.kind == static_cast<uint8_t>(FrameKind::kError) && h.nbytes > kMaxErrorText) {
+    malformed = "error report too long";
+  }
+  if (!malformed.empty()) {
+    failPeer(peer, remoteError(strCat(context(), " malformed frame from peer ", peer.rank, ": ",
+                                      malformed, "; connection closed")));
+    return;
+  }
+  peer.payloadGot = 0;
+  std::vector<Completion> completions;
+  {
+    std::lock_guard<std::mutex> lock(matchMutex_);
+    peer.target = ReadTarget::kBuffer;
+    if (h.kind == static_cast<uint8_t>(FrameKind::kError)) {
+      peer.target = ReadTarget::kErrorText;
+    } else if (h.channel == static_cast<uint8_t>(Channel::kCollective)) {
+      auto posted = postedCollective_.find(CollectiveKey{peer.rank, h.seq, h.slot});
+      if (h.seq <= retiredSeq_ || failedSeqs_.count(h.seq) != 0) {
+        peer.target = ReadTarget::kDiscard;
+      } else if (posted != postedCollective_.end()) {
+        auto request = posted->second.request;
+        std::string why = checkCollective(peer.rank, h, posted->second, request->capacity());
+        postedCollective_.erase(posted);
+        if (why.empty()) {
+          peer.target = ReadTarget::kRequest;
+          peer.request = std::move(request);
+        } else {
+          peer.target = ReadTarget::kDiscard;
+          completions.push_back({request, 0, peer.rank, std::make_exception_ptr(InvalidUsageError(why))});
+        }
+      }
+    } else {
+      auto posted = std::find_if(postedP2P_.begin(), postedP2P_.end(), [&](const PostedP2P& p) {
+        return (p.peer == kAnyPeer || p.peer == peer.rank) && p.tag == h.seq;
+      });
+      if (posted != postedP2P_.end()) {
+        auto request = posted->request;
+        postedP2P_.erase(posted);
+        std::string why = checkP2P(peer.rank, h, request->capacity());
+        if (why.empty()) {
+          peer.target = ReadTarget::kRequest;
+          peer.request = std::move(request);
+        } else {
+          peer.target = ReadTarget::kDiscard;
+          completions.push_back({request, 0, peer.rank, std::make_exception_ptr(InvalidUsageError(why))});
+        }
+      }
+    }
+  }
+  finish(completions);
+  if (peer.target == ReadTarget::kBuffer || peer.target == ReadTarget::kErrorText) {
+    try {
+      peer.buffer.resize(h.nbytes);
+    } catch (const std::bad_alloc&) {
+      failPeer(peer, remoteError(strCat(context(), " peer ", peer.rank, " announced a frame of ",
+                                        h.nbytes, " bytes that cannot be buffered")));
+      return;
+    }
+  }
+  if (h.nbytes == 0) onPayload(peer);
+}
+
+void TcpTransport::onPayload(Peer& peer) {
+  const FrameHeader h = peer.header;
+  const ReadTarget target = peer.target;
+  peer.headerGot = 0;
+  peer.payloadGot = 0;
+  peer.target = ReadTarget::kNone;
+  std::vector<Completion> completions;
+  switch (target) {
+    case ReadTarget::kRequest: {
+      std::shared_ptr<Request> request;
+      {
+        std::lock_guard<std::mutex> lock(matchMutex_);
+        request = std::move(peer.request);
+        peer.request.reset();
+      }
+      completions.push_back({request, h.nbytes, peer.rank, nullptr});
+      break;
+    }
+    case ReadTarget::kBuffer: {
+      Arrived arrived{h, std::move(peer.buffer), peer.rank};
+      peer.buffer = {};
+      std::lock_guard<std::mutex> lock(matchMutex_);
+      const bool collective = h.channel == static_cast<uint8_t>(Channel::kCollective);
+      if (collective && (h.seq <= retiredSeq_ || failedSeqs_.count(h.seq) != 0)) break;
+      if (deliverArrivedLocked(arrived, completions)) break;
+      if (collective) {
+        arrivedCollective_.emplace(CollectiveKey{peer.rank, h.seq, h.slot}, std::move(arrived));
+      } else {
+        arrivedP2P_.push_back(std::move(arrived));
+      }
+      break;
+    }
+    case ReadTarget::kErrorText: {
+      std::string text(peer.buffer.begin(), peer.buffer.end());
+      peer.buffer = {};
+      std::lock_guard<std::mutex> lock(matchMutex_);
+      if (h.seq <= retiredSeq_) break;
+      const std::string message = strCat(context(), " peer ", peer.rank, " reported a failure: ", text);
+      failedSeqs_.emplace(h.seq, message);
+      for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
+        if (std::get<1>(it->first) == h.seq) {
+          completions.push_back({it->second.request, 0, peer.rank, remoteError(message)});
+          it = postedCollective_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  finish(completions);
+}
+
+void TcpTransport::handleWritable(Peer& peer) {
+  std::vector<std::shared_ptr<Request>> done;
+  int err;
+  {
+    std::lock_guard<std::mutex> lock(peer.sendMutex);
+    err = flushLocked(peer, done);
+    if ((peer.sendQueue.empty() || err != 0) && peer.pollingWrite) setPollWrite(peer, false);
+  }
+  for (auto& r : done) r->complete(r->capacity(), peer.rank);
+  if (err != 0) {
+    failPeer(peer, remoteError(strCat(context(), " sending to peer ", peer.rank, " failed: ",
+                                      std::strerror(err))));
+  }
+}
+
+int TcpTransport::flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done) {
+  while (!peer.sendQueue.empty()) {
+    iovec iov[kMaxIov];
+    size_t count = 0;
+    for (auto it = peer.sendQueue.begin(); it != peer.sendQueue.end() && count + 2 <= kMaxIov; ++it) {
+      size_t skip = it->written;
+      if (skip < sizeof(FrameHeader)) {
+        iov[count++] = {reinterpret_cast<uint8_t*>(&it->header) + skip, sizeof(FrameHeader) - skip};
+        skip = 0;
+      } else {
+        skip -= sizeof(FrameHeader);
+      }
+      if (it->nbytes > skip) iov[count++] = {const_cast<uint8_t*>(it->data) + skip, it->nbytes - skip};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = count;
+    ssize_t n = ::sendmsg(peer.socket.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      return errno;
+    }
+    size_t left = static_cast<size_t>(n);
+    while (left > 0) {
+      OutgoingFrame& front = peer.sendQueue.front();
+      const size_t total = sizeof(FrameHeader) + front.nbytes;
+      const size_t take = std::min(left, total - front.written);
+      front.written += take;
+      left -= take;
+      if (front.written < total) break;
+      if (front.request) done.push_back(std::move(front.request));
+      peer.sendQueue.pop_front();
+    }
+  }
+  return 0;
+}
+
+void TcpTransport::setPollWrite(Peer& peer, bool enable) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | (enable ? EPOLLOUT : 0);
+  ev.data.u64 = static_cast<uint64_t>(peer.rank);
+  if (epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, peer.socket.fd(), &ev) == 0) peer.pollingWrite = enable;
+}
+
+void TcpTransport::failPeer(Peer& peer, std::exception_ptr error) {
+  std::vector<Completion> completions;
+  {
+    std::lock_guard<std::mutex> lock(matchMutex_);
+    if (peer.failure) return;
+    peer.failure = error;
+    for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
+      if (std::get<0>(it->first) == peer.rank) {
+        completions.push_back({it->second.request, 0, peer.rank, error});
+        it = postedCollective_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = postedP2P_.begin(); it != postedP2P_.end();) {
+      if (it->peer == peer.rank) {
+        completions.push_back({it->request, 0, peer.rank, error});
+        it = postedP2P_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (peer.request) completions.push_back({std::move(peer.request), 0, peer.rank, error});
+    peer.request.reset();
+  }
+  {
+    std::lock_guard<std::mutex> lock(peer.sendMutex);
+    peer.sendClosed = error;
+    for (auto& frame : peer.sendQueue) {
+      if (frame.request) completions.push_back({frame.request, 0, peer.rank, error});
+    }
+    peer.sendQueue.clear();
+  }
+  epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, peer.socket.fd(), nullptr);
+  ::shutdown(peer.socket.fd(), SHUT_RDWR);
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    // A peer leaving while nothing waits on it is how groups end; say so only when it costs work.
+    logger_.log(completions.empty() ? LogLevel::kInfo : LogLevel::kWarn, e.what());
+  }
+  finish(completions);
+}
+
+}  // namespace pycomm::transport::tcp

@@ -1,0 +1,154 @@
+// The TCP transport: one connection per peer, non-blocking sockets and one event-loop thread.
+//
+// Receives are matched by (peer, seq, slot) for collectives and in arrival order per (peer, tag) for
+// point-to-point, as MPI does. A message whose receive is already posted is read straight into the
+// caller's buffer; one that arrives first is buffered until its receive is posted. Sends are written
+// directly from the posting thread while the socket accepts them and queued for the loop otherwise,
+// so a rank's sends never wait on its receives.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "../../logging.h"
+#include "../../store.h"
+#include "../transport.h"
+#include "socket.h"
+
+namespace pycomm::transport::tcp {
+
+struct TcpOptions {
+  int rank = 0;
+  int size = 1;
+  std::string bindHost = "127.0.0.1";
+  std::chrono::milliseconds timeout{300000};
+  Logger logger;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(const TcpOptions& options, Store& store);
+  ~TcpTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "tcp"; }
+
+  std::shared_ptr<Request> isend(int peer, const FrameInfo& info, const void* data,
+                                 size_t nbytes) override;
+  std::shared_ptr<Request> irecv(int peer, const FrameInfo& info, void* data,
+                                 size_t nbytes) override;
+  bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override;
+  void reportFailure(uint64_t seq, const std::string& message) override;
+  void retire(uint64_t seq) override;
+  void abort(const std::string& reason) override;
+
+ private:
+  struct OutgoingFrame {
+    FrameHeader header;
+    const uint8_t* data;
+    size_t nbytes;
+    size_t written = 0;  // of header + payload
+    std::shared_ptr<Request> request;
+    std::vector<uint8_t> owned;  // payload owned by the frame (error reports)
+  };
+
+  enum class ReadTarget { kNone, kRequest, kBuffer, kErrorText, kDiscard };
+
+  struct Peer {
+    int rank = -1;
+    Socket socket;
+    // Send side, guarded by sendMutex: the posting thread writes directly when the queue is empty.
+    std::mutex sendMutex;
+    std::deque<OutgoingFrame> sendQueue;
+    bool pollingWrite = false;
+    std::exception_ptr sendClosed;  // set once the peer failed: later sends fail at once
+    // Receive side, touched by the loop thread only (target/request also read under matchMutex_).
+    FrameHeader header{};
+    size_t headerGot = 0;
+    ReadTarget target = ReadTarget::kNone;
+    std::shared_ptr<Request> request;
+    std::vector<uint8_t> buffer;
+    size_t payloadGot = 0;
+    // Guarded by matchMutex_.
+    std::exception_ptr failure;
+  };
+
+  struct PostedCollective {
+    std::shared_ptr<Request> request;
+    OpSignature signature;
+  };
+  struct PostedP2P {
+    int peer;  // or kAnyPeer
+    uint64_t tag;
+    std::shared_ptr<Request> request;
+  };
+  struct Arrived {  // a message that came before its receive was posted
+    FrameHeader header;
+    std::vector<uint8_t> payload;
+    int peer;
+  };
+  using CollectiveKey = std::tuple<int, uint64_t, uint32_t>;  // peer, seq, slot
+
+  void loop();
+  void handleReadable(Peer& peer);
+  bool readSome(Peer& peer);  // false once the socket would block or failed
+  void onHeader(Peer& peer);
+  void onPayload(Peer& peer);
+  void handleWritable(Peer& peer);
+  // Writes as much of the queue as the socket takes; called with peer.sendMutex held.
+  // Requests whose frames were fully written are appended to `done`; returns 0 or an errno.
+  int flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done);
+  void setPollWrite(Peer& peer, bool enable);
+  void failPeer(Peer& peer, std::exception_ptr error);
+  void acceptStranger();
+
+  // Match checks; return an error message or empty. Called with matchMutex_ held.
+  std::string checkCollective(int peer, const FrameHeader& header, const PostedCollective& posted,
+                              size_t expectedBytes) const;
+  std::string checkP2P(int peer, const FrameHeader& header, size_t expectedBytes) const;
+  struct Completion {
+    std::shared_ptr<Request> request;
+    size_t bytes = 0;
+    int peer = -1;
+    std::exception_ptr error;
+  };
+  // Hands an arrived message to a posted receive, if there is one. Called with matchMutex_ held.
+  bool deliverArrivedLocked(Arrived& arrived, std::vector<Completion>& completions);
+  static void finish(std::vector<Completion>& completions);
+  std::string context() const;
+
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  const Logger logger_;
+
+  Socket listener_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  Socket epoll_;
+  Socket wakeup_;  // eventfd: stops the loop
+
+  std::mutex matchMutex_;
+  std::map<CollectiveKey, PostedCollective> postedCollective_;
+  std::map<CollectiveKey, Arrived> arrivedCollective_;
+  std::deque<PostedP2P> postedP2P_;
+  std::deque<Arrived> arrivedP2P_;
+  std::map<uint64_t, std::string> failedSeqs_;
+  uint64_t retiredSeq_ = 0;
+  std::exception_ptr aborted_;
+
+  std::vector<uint8_t> discard_;  // loop thread: where unwanted payloads go
+
+  std::mutex abortMutex_;
+  bool stopped_ = false;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace pycomm::transport::tcp

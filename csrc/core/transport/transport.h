@@ -1,0 +1,52 @@
+// The interface algorithms see: post a send or a receive of one framed message to or from a peer,
+// and wait on the returned Request. Algorithms never see sockets (as in gloo's Context/Pair split).
+//
+// Sends and receives are asynchronous and never wait on each other: a send completes once its bytes
+// are handed to the wire, whether or not the peer has posted the receive (unposted messages are
+// buffered on arrival), so no pattern of sends before receives can deadlock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "frame.h"
+#include "request.h"
+
+namespace pycomm::transport {
+
+class Transport {
+ public:
+  static constexpr int kAnyPeer = -1;
+
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* name() const = 0;
+
+  // `data` must stay valid and unmodified until the request is done.
+  virtual std::shared_ptr<Request> isend(int peer, const FrameInfo& info, const void* data,
+                                         size_t nbytes) = 0;
+  // Receives a message whose (channel, seq, slot) match `info` into `data`, which must be exactly
+  // the message's size; a message whose signature differs from `info.signature` fails the request
+  // with an error naming both. `peer` may be kAnyPeer on the p2p channel.
+  virtual std::shared_ptr<Request> irecv(int peer, const FrameInfo& info, void* data,
+                                         size_t nbytes) = 0;
+
+  // Detaches a request that is not done, so the transport no longer touches its buffer. Returns false
+  // if that was impossible before `deadline`; the transport has then been aborted.
+  virtual bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) = 0;
+
+  // Tells every peer that collective `seq` failed here, so they fail it too instead of waiting.
+  virtual void reportFailure(uint64_t seq, const std::string& message) = 0;
+
+  // Every collective up to and including `seq` is over on this rank: late frames for them are dropped.
+  virtual void retire(uint64_t seq) = 0;
+
+  // Fails everything pending and stops all I/O; later calls fail at once. Idempotent.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+}  // namespace pycomm::transport

@@ -1,0 +1,753 @@
+#include "backend.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <optional>
+
+#include "core/error.h"
+#include "store_adapter.h"
+
+namespace pycomm::torch_adapter {
+namespace {
+
+using ::c10d::OpType;
+
+std::optional<DataType> mapDtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kShort: return DataType::kInt16;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kBool: return DataType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+// How the core sees a tensor's elements. Ops that only move data accept any dtype, as bytes.
+struct Layout {
+  DataType dtype;
+  size_t scale;  // core elements per tensor element (element size when moved as bytes)
+  size_t count(const at::Tensor& t) const { return static_cast<size_t>(t.numel()) * scale; }
+};
+
+Layout movable(const at::Tensor& t) {
+  if (auto dtype = mapDtype(t.scalar_type())) return {*dtype, 1};
+  return {DataType::kUInt8, static_cast<size_t>(t.element_size())};
+}
+
+// A contiguous tensor for the core; results are copied back if the caller's was not contiguous.
+struct Contiguous {
+  at::Tensor original;
+  at::Tensor flat;
+  explicit Contiguous(const at::Tensor& t) : original(t), flat(t.is_contiguous() ? t : t.contiguous()) {}
+  void copyBack() const {
+    if (!flat.is_same(original)) original.copy_(flat);
+  }
+};
+
+// What the core runs for a torch ReduceOp: AVG is SUM then a division, PREMUL_SUM a scale then SUM.
+struct ReduceSpec {
+  ReduceOp op = ReduceOp::kSum;
+  std::optional<double> preScale;
+  bool average = false;
+};
+
+class Validator {
+ public:
+  Validator(int rank, int size, const char* op) : rank_(rank), size_(size), op_(op) {}
+
+  std::string where() const { return strCat("pycomm [rank ", rank_, "/", size_, "] ", op_, ": "); }
+
+  void tensor(const at::Tensor& t) const {
+    TORCH_CHECK_VALUE(t.defined(), where(), "got an undefined tensor");
+    TORCH_CHECK_VALUE(t.layout() == at::kStrided, where(), "sparse tensors are not supported");
+    TORCH_CHECK_VALUE(t.device().is_cpu(), where(), "got a tensor on ", t.device(),
+                      "; this build of pycomm supports CPU tensors only (pycomm.cuda_available() "
+                      "is False)");
+  }
+
+  const at::Tensor& single(const std::vector<at::Tensor>& tensors) const {
+    TORCH_CHECK_VALUE(tensors.size() == 1, where(), "expects exactly one tensor per rank, got ",
+                      tensors.size());
+    tensor(tensors[0]);
+    return tensors[0];
+  }
+
+  void sameType(const at::Tensor& a, const at::Tensor& b) const {
+    tensor(b);
+    TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), where(), "input dtype ", a.scalar_type(),
+                     " differs from output dtype ", b.scalar_type());
+  }
+
+  void root(int64_t root) const {
+    TORCH_CHECK_VALUE(root >= 0 && root < size_, where(), "root rank ", root,
+                      " is outside the group of ", size_);
+  }
+
+  DataType reducible(const at::Tensor& t) const {
+    auto dtype = mapDtype(t.scalar_type());
+    TORCH_CHECK_TYPE(dtype.has_value(), where(), "unsupported dtype ", t.scalar_type(),
+                     " for a reduction (supported: float64, float32, float16, bfloat16, int8, "
+                     "uint8, int16, int32, int64, bool)");
+    return *dtype;
+  }
+
+  ReduceSpec reduceOp(const ::c10d::ReduceOp& op, const at::Tensor& t) const {
+    const DataType dtype = reducible(t);
+    const bool floating = isFloating(dtype);
+    ReduceSpec spec;
+    switch (op.op_) {
+      case ::c10d::ReduceOp::SUM: spec.op = ReduceOp::kSum; break;
+      case ::c10d::ReduceOp::PRODUCT: spec.op = ReduceOp::kProduct; break;
+      case ::c10d::ReduceOp::MIN: spec.op = ReduceOp::kMin; break;
+      case ::c10d::ReduceOp::MAX: spec.op = ReduceOp::kMax; break;
+      case ::c10d::ReduceOp::BAND: spec.op = ReduceOp::kBand; break;
+      case ::c10d::ReduceOp::BOR: spec.op = ReduceOp::kBor; break;
+      case ::c10d::ReduceOp::BXOR: spec.op = ReduceOp::kBxor; break;
+      case ::c10d::ReduceOp::AVG:
+        TORCH_CHECK_TYPE(dtype != DataType::kBool, where(), "AVG is not defined for bool");
+        spec.average = true;
+        break;
+      case ::c10d::ReduceOp::PREMUL_SUM: {
+        TORCH_CHECK_TYPE(floating, where(), "PREMUL_SUM needs a floating dtype, got ", t.scalar_type());
+        auto* supplement = dynamic_cast<::c10d::PreMulSumSupplement*>(op.supplement_.get());
+        TORCH_CHECK_VALUE(supplement != nullptr, where(), "PREMUL_SUM without a factor");
+        spec.preScale = supplement->tensor_factor.defined()
+                            ? supplement->tensor_factor.item<double>()
+                            : supplement->double_factor;
+        break;
+      }
+      default:
+        TORCH_CHECK_VALUE(false, where(), "unsupported reduce op ", static_cast<int>(op.op_));
+    }
+    const bool bitwise = spec.op == ReduceOp::kBand || spec.op == ReduceOp::kBor || spec.op == ReduceOp::kBxor;
+    TORCH_CHECK_TYPE(!(bitwise && floating), where(), "bitwise reduce ops need an integer or bool dtype, got ",
+                     t.scalar_type());
+    return spec;
+  }
+
+ private:
+  int rank_;
+  int size_;
+  const char* op_;
+};
+
+void applyAverage(const at::Tensor& t, int size) {
+  if (at::isFloatingType(t.scalar_type())) {
+    t.div_(size);
+  } else {
+    t.div_(size, "trunc");
+  }
+}
+
+at::Tensor preScaled(const at::Tensor& t, const ReduceSpec& spec, bool inPlace) {
+  if (!spec.preScale) return t;
+  return inPlace ? t.mul_(*spec.preScale) : t.mul(*spec.preScale);
+}
+
+c10::TypePtr tensorListType() { return c10::ListType::create(c10::TensorType::get()); }
+
+// Copies a flat buffer into a list of tensors laid out one after another.
+void scatterInto(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(tensors.size());
+  for (const auto& t : tensors) parts.push_back(t.reshape({-1}));
+  return at::cat(parts);
+}
+
+}  // namespace
+
+PycommBackend::PycommBackend(const c10::intrusive_ptr<::c10d::Store>& store, const Config& config)
+    : Backend(config.rank, config.size) {
+  C10dStore adapter(store);
+  comm_ = std::make_shared<Communicator>(config, adapter);
+}
+
+PycommBackend::~PycommBackend() { comm_->shutdown(); }
+
+void PycommBackend::setTimeout(std::chrono::milliseconds timeout) { comm_->setTimeout(timeout); }
+
+void PycommBackend::shutdown() { comm_->shutdown(); }
+
+void PycommBackend::abort() { comm_->abort("abort() was called"); }
+
+void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body) {
+  {
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    if (coalescing_) coalesced_.push_back(work);
+  }
+  comm_->enqueue([work, body = std::move(body)] {
+    try {
+      body();
+    } catch (const std::exception&) {
+      work->complete(std::current_exception());  // rethrown to the caller by wait()
+      return;
+    }
+    work->complete(nullptr);
+  });
+}
+
+c10::intrusive_ptr<PycommWork> PycommBackend::submit(OpType opType, const char* title,
+                                                     std::vector<at::Tensor> outputs,
+                                                     std::function<void()> body) {
+  auto work = c10::make_intrusive<PycommWork>(rank_, opType, title, c10::IValue(std::move(outputs)),
+                                              tensorListType());
+  enqueueWork(work, std::move(body));
+  return work;
+}
+
+c10::intrusive_ptr<PycommWork> PycommBackend::submitNested(OpType opType, const char* title,
+                                                           std::vector<std::vector<at::Tensor>> outputs,
+                                                           std::function<void()> body) {
+  auto work = c10::make_intrusive<PycommWork>(rank_, opType, title, c10::IValue(std::move(outputs)),
+                                              c10::ListType::create(tensorListType()));
+  enqueueWork(work, std::move(body));
+  return work;
+}
+
+void PycommBackend::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalesceMutex_);
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::endCoalescing() {
+  std::vector<c10::intrusive_ptr<::c10d::Work>> works;
+  {
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    coalescing_ = false;
+    works.swap(coalesced_);
+  }
+  // Queued after every op of the block, so it completes after them; point-to-point ones are waited.
+  auto work = c10::make_intrusive<PycommWork>(rank_, OpType::COALESCED, "pycomm:coalesced",
+                                              c10::IValue(std::vector<at::Tensor>{}), tensorListType());
+  comm_->enqueue([work, works] {
+    std::exception_ptr error;
+    for (const auto& w : works) {
+      try {
+        w->wait();
+      } catch (const std::exception&) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    work->complete(error);
+  });
+  return work;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const ::c10d::BroadcastOptions& opts) {
+  Validator v(rank_, size_, "broadcast");
+  const at::Tensor& t = v.single(tensors);
+  v.root(opts.rootRank);
+  const Layout layout = movable(t);
+  Contiguous c(t);
+  auto comm = comm_;
+  const int root = static_cast<int>(opts.rootRank);
+  return submit(OpType::BROADCAST, "pycomm:broadcast", {t}, [comm, c, layout, root] {
+    comm->broadcast(c.flat.data_ptr(), layout.count(c.flat), layout.dtype, root);
+    c.copyBack();
+  });
+}
+
+void PycommBackend::allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op) {
+  Validator v(rank_, size_, "allreduce");
+  const ReduceSpec spec = v.reduceOp(op, tensor);
+  const DataType dtype = v.reducible(tensor);
+  Contiguous c(tensor);
+  preScaled(c.flat, spec, true);
+  comm_->allreduce(c.flat.data_ptr(), c.flat.numel(), dtype, spec.op);
+  if (spec.average) applyAverage(c.flat, size_);
+  c.copyBack();
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const ::c10d::AllreduceOptions& opts) {
+  Validator v(rank_, size_, "allreduce");
+  const at::Tensor& t = v.single(tensors);
+  v.reduceOp(opts.reduceOp, t);  // validate now, on the caller's thread
+  const ::c10d::ReduceOp op = opts.reduceOp;
+  return submit(OpType::ALLREDUCE, "pycomm:all_reduce", {t}, [this, t, op] { allreduceNow(t, op); });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+  Validator v(rank_, size_, "allreduce_coalesced");
+  for (const auto& t : tensors) {
+    v.tensor(t);
+    v.reduceOp(opts.reduceOp, t);
+  }
+  const ::c10d::ReduceOp op = opts.reduceOp;
+  return submit(OpType::ALLREDUCE_COALESCED, "pycomm:all_reduce_coalesced", tensors,
+                [this, tensors, op] {
+                  // One flat all-reduce per dtype, in first-seen order (the same on every rank).
+                  std::vector<at::ScalarType> order;
+                  std::map<at::ScalarType, std::vector<at::Tensor>> groups;
+                  for (const auto& t : tensors) {
+                    if (groups.count(t.scalar_type()) == 0) order.push_back(t.scalar_type());
+                    groups[t.scalar_type()].push_back(t);
+                  }
+                  for (auto type : order) {
+                    const auto& group = groups[type];
+                    at::Tensor flat = flatten(group);
+                    allreduceNow(flat, op);
+                    scatterInto(flat, group);
+                  }
+                });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                       const ::c10d::ReduceOptions& opts) {
+  Validator v(rank_, size_, "reduce");
+  const at::Tensor& t = v.single(tensors);
+  v.root(opts.rootRank);
+  const ReduceSpec spec = v.reduceOp(opts.reduceOp, t);
+  const DataType dtype = v.reducible(t);
+  const int root = static_cast<int>(opts.rootRank);
+  Contiguous c(t);
+  auto comm = comm_;
+  const int size = size_;
+  const bool isRoot = rank_ == root;
+  return submit(OpType::REDUCE, "pycomm:reduce", {t}, [comm, c, spec, dtype, root, size, isRoot] {
+    // Scale a copy, so that a non-root rank's tensor stays as it was.
+    at::Tensor work = preScaled(c.flat, spec, false);
+    comm->reduce(work.data_ptr(), work.numel(), dtype, spec.op, root);
+    if (!isRoot) return;
+    if (!work.is_same(c.flat)) c.flat.copy_(work);
+    if (spec.average) applyAverage(c.flat, size);
+    c.copyBack();
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const ::c10d::AllgatherOptions&) {
+  Validator v(rank_, size_, "allgather");
+  const at::Tensor& in = v.single(inputs);
+  TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_), v.where(),
+                    "expects one list of ", size_, " output tensors");
+  for (const auto& out : outputs[0]) {
+    v.sameType(in, out);
+    TORCH_CHECK_VALUE(out.numel() == in.numel(), v.where(), "output tensors must have the input's ",
+                      in.numel(), " elements, got ", out.numel());
+  }
+  const Layout layout = movable(in);
+  Contiguous c(in);
+  auto comm = comm_;
+  auto outs = outputs[0];
+  const int size = size_;
+  return submitNested(OpType::ALLGATHER, "pycomm:all_gather", outputs, [comm, c, outs, layout, size] {
+    at::Tensor flat = at::empty({c.flat.numel() * size}, c.flat.options());
+    comm->allgather(c.flat.data_ptr(), flat.data_ptr(), layout.count(c.flat), layout.dtype);
+    scatterInto(flat, outs);
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                const ::c10d::AllgatherOptions&) {
+  Validator v(rank_, size_, "allgather_into_tensor");
+  v.tensor(input);
+  v.sameType(input, output);
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, v.where(), "output has ", output.numel(),
+                    " elements but the group of ", size_, " ranks with ", input.numel(),
+                    " input elements each needs ", input.numel() * size_);
+  const Layout layout = movable(input);
+  Contiguous in(input), out(output);
+  auto comm = comm_;
+  return submit(OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", {output}, [comm, in, out, layout] {
+    comm->allgather(in.flat.data_ptr(), out.flat.data_ptr(), layout.count(in.flat), layout.dtype);
+    out.copyBack();
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions&) {
+  Validator v(rank_, size_, "allgather_coalesced");
+  TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(size_), v.where(), "expects ", size_,
+                    " output lists, got ", outputs.size());
+  for (const auto& list : outputs) {
+    TORCH_CHECK_VALUE(list.size() == inputs.size(), v.where(), "each output list needs ", inputs.size(),
+                      " tensors");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      v.sameType(inputs[i], list[i]);
+      TORCH_CHECK_VALUE(list[i].numel() == inputs[i].numel(), v.where(), "output ", i, " has ",
+                        list[i].numel(), " elements, input has ", inputs[i].numel());
+    }
+  }
+  auto comm = comm_;
+  const int size = size_;
+  return submitNested(OpType::ALLGATHER_COALESCED, "pycomm:all_gather_coalesced", outputs,
+                      [comm, outputs, inputs, size] {
+                        for (size_t i = 0; i < inputs.size(); ++i) {
+                          Contiguous c(inputs[i]);
+                          const Layout layout = movable(c.flat);
+                          at::Tensor flat = at::empty({c.flat.numel() * size}, c.flat.options());
+                          comm->allgather(c.flat.data_ptr(), flat.data_ptr(), layout.count(c.flat), layout.dtype);
+                          for (int r = 0; r < size; ++r) {
+                            outputs[r][i].copy_(flat.narrow(0, r * c.flat.numel(), c.flat.numel())
+                                                    .view(outputs[r][i].sizes()));
+                          }
+                        }
+                      });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::AllgatherOptions&) {
+  Validator v(rank_, size_, "allgather_into_tensor_coalesced");
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), v.where(), "got ", outputs.size(), " outputs for ",
+                    inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    v.tensor(inputs[i]);
+    v.sameType(inputs[i], outputs[i]);
+    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_, v.where(), "output ", i, " has ",
+                      outputs[i].numel(), " elements, needs ", inputs[i].numel() * size_);
+  }
+  auto comm = comm_;
+  return submit(OpType::COALESCED, "pycomm:all_gather_into_tensor_coalesced", outputs,
+                [comm, outputs, inputs] {
+                  for (size_t i = 0; i < inputs.size(); ++i) {
+                    Contiguous in(inputs[i]), out(outputs[i]);
+                    const Layout layout = movable(in.flat);
+                    comm->allgather(in.flat.data_ptr(), out.flat.data_ptr(), layout.count(in.flat), layout.dtype);
+                    out.copyBack();
+                  }
+                });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const ::c10d::GatherOptions& opts) {
+  Validator v(rank_, size_, "gather");
+  const at::Tensor& in = v.single(inputs);
+  v.root(opts.rootRank);
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_), v.where(),
+                      "the root expects one list of ", size_, " output tensors");
+    for (const auto& out : outputs[0]) {
+      v.sameType(in, out);
+      TORCH_CHECK_VALUE(out.numel() == in.numel(), v.where(), "output tensors must have the input's ",
+                        in.numel(), " elements, got ", out.numel());
+    }
+    outs = outputs[0];
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), v.where(),
+                      "only the root passes output tensors");
+  }
+  const Layout layout = movable(in);
+  Contiguous c(in);
+  auto comm = comm_;
+  const int size = size_;
+  return submitNested(OpType::GATHER, "pycomm:gather", outputs, [comm, c, outs, layout, root, size] {
+    at::Tensor flat = outs.empty() ? at::Tensor() : at::empty({c.flat.numel() * size}, c.flat.options());
+    comm->gather(c.flat.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, layout.count(c.flat),
+                 layout.dtype, root);
+    if (!outs.empty()) scatterInto(flat, outs);
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                        std::vector<std::vector<at::Tensor>>& inputs,
+                                                        const ::c10d::ScatterOptions& opts) {
+  Validator v(rank_, size_, "scatter");
+  const at::Tensor& out = v.single(outputs);
+  v.root(opts.rootRank);
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> ins;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_), v.where(),
+                      "the root expects one list of ", size_, " input tensors");
+    for (const auto& in : inputs[0]) {
+      v.sameType(out, in);
+      TORCH_CHECK_VALUE(in.numel() == out.numel(), v.where(), "input tensors must have the output's ",
+                        out.numel(), " elements, got ", in.numel());
+    }
+    ins = inputs[0];
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), v.where(),
+                      "only the root passes input tensors");
+  }
+  const Layout layout = movable(out);
+  Contiguous c(out);
+  auto comm = comm_;
+  return submit(OpType::SCATTER, "pycomm:scatter", {out}, [comm, c, ins, layout, root] {
+    at::Tensor flat = ins.empty() ? at::Tensor() : flatten(ins);
+    comm->scatter(flat.defined() ? flat.data_ptr() : nullptr, c.flat.data_ptr(), layout.count(c.flat),
+                  layout.dtype, root);
+    c.copyBack();
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  Validator v(rank_, size_, "reduce_scatter");
+  const at::Tensor& out = v.single(outputs);
+  TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_), v.where(),
+                    "expects one list of ", size_, " input tensors");
+  for (const auto& in : inputs[0]) {
+    v.sameType(out, in);
+    TORCH_CHECK_VALUE(in.numel() == out.numel(), v.where(), "input tensors must have the output's ",
+                      out.numel(), " elements, got ", in.numel());
+  }
+  const ReduceSpec spec = v.reduceOp(opts.reduceOp, out);
+  const DataType dtype = v.reducible(out);
+  auto ins = inputs[0];
+  Contiguous c(out);
+  auto comm = comm_;
+  const int size = size_;
+  return submit(OpType::REDUCE_SCATTER, "pycomm:reduce_scatter", {out}, [comm, c, ins, spec, dtype, size] {
+    at::Tensor flat = preScaled(flatten(ins), spec, true);
+    comm->reduceScatter(flat.data_ptr(), c.flat.data_ptr(), c.flat.numel(), dtype, spec.op);
+    if (spec.average) applyAverage(c.flat, size);
+    c.copyBack();
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
+  Validator v(rank_, size_, "reduce_scatter_tensor");
+  v.tensor(output);
+  v.sameType(output, input);
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, v.where(), "input has ", input.numel(),
+                    " elements but the group of ", size_, " ranks with ", output.numel(),
+                    " output elements each needs ", output.numel() * size_);
+  const ReduceSpec spec = v.reduceOp(opts.reduceOp, output);
+  const DataType dtype = v.reducible(output);
+  Contiguous in(input), out(output);
+  auto comm = comm_;
+  const int size = size_;
+  return submit(OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", {output},
+                [comm, in, out, spec, dtype, size] {
+                  at::Tensor src = preScaled(in.flat, spec, false);
+                  comm->reduceScatter(src.data_ptr(), out.flat.data_ptr(), out.flat.numel(), dtype, spec.op);
+                  if (spec.average) applyAverage(out.flat, size);
+                  out.copyBack();
+                });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  Validator v(rank_, size_, "reduce_scatter_tensor_coalesced");
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), v.where(), "got ", outputs.size(), " outputs for ",
+                    inputs.size(), " inputs");
+  std::vector<ReduceSpec> specs;
+  std::vector<DataType> dtypes;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    v.tensor(outputs[i]);
+    v.sameType(outputs[i], inputs[i]);
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_, v.where(), "input ", i, " has ",
+                      inputs[i].numel(), " elements, needs ", outputs[i].numel() * size_);
+    specs.push_back(v.reduceOp(opts.reduceOp, outputs[i]));
+    dtypes.push_back(v.reducible(outputs[i]));
+  }
+  auto comm = comm_;
+  const int size = size_;
+  return submit(OpType::COALESCED, "pycomm:reduce_scatter_tensor_coalesced", outputs,
+                [comm, outputs, inputs, specs, dtypes, size] {
+                  for (size_t i = 0; i < inputs.size(); ++i) {
+                    Contiguous in(inputs[i]), out(outputs[i]);
+                    at::Tensor src = preScaled(in.flat, specs[i], false);
+                    comm->reduceScatter(src.data_ptr(), out.flat.data_ptr(), out.flat.numel(), dtypes[i],
+                                        specs[i].op);
+                    if (specs[i].average) applyAverage(out.flat, size);
+                    out.copyBack();
+                  }
+                });
+}
+
+namespace {
+
+// Element counts and offsets per peer for an all-to-all over dimension 0.
+void splitLayout(const at::Tensor& t, const std::vector<int64_t>& splits, int size, const Validator& v,
+                 const char* what, size_t scale, std::vector<size_t>& counts, std::vector<size_t>& offsets) {
+  counts.assign(size, 0);
+  offsets.assign(size, 0);
+  if (splits.empty()) {
+    TORCH_CHECK_VALUE(t.numel() % size == 0, v.where(), what, " has ", t.numel(),
+                      " elements, not divisible by the group size ", size, " (pass split sizes)");
+    for (int i = 0; i < size; ++i) {
+      counts[i] = static_cast<size_t>(t.numel() / size) * scale;
+      offsets[i] = i * counts[i];
+    }
+    return;
+  }
+  TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(size), v.where(), what, " split sizes have ",
+                    splits.size(), " entries for a group of ", size);
+  TORCH_CHECK_VALUE(t.dim() > 0, v.where(), what, " must have a first dimension to split");
+  int64_t rows = 0;
+  for (auto s : splits) {
+    TORCH_CHECK_VALUE(s >= 0, v.where(), what, " split sizes must be non-negative");
+    rows += s;
+  }
+  TORCH_CHECK_VALUE(rows == t.size(0), v.where(), what, " split sizes add up to ", rows,
+                    " rows but the tensor has ", t.size(0));
+  const size_t rowElems = t.size(0) == 0 ? 0 : static_cast<size_t>(t.numel() / t.size(0));
+  size_t offset = 0;
+  for (int i = 0; i < size; ++i) {
+    counts[i] = static_cast<size_t>(splits[i]) * rowElems * scale;
+    offsets[i] = offset;
+    offset += counts[i];
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                              std::vector<int64_t>& outputSplits,
+                                                              std::vector<int64_t>& inputSplits,
+                                                              const ::c10d::AllToAllOptions&) {
+  Validator v(rank_, size_, "alltoall_base");
+  v.tensor(input);
+  v.sameType(input, output);
+  const Layout layout = movable(input);
+  std::vector<size_t> sendCounts, sendOffsets, recvCounts, recvOffsets;
+  splitLayout(input, inputSplits, size_, v, "input", layout.scale, sendCounts, sendOffsets);
+  splitLayout(output, outputSplits, size_, v, "output", layout.scale, recvCounts, recvOffsets);
+  Contiguous in(input), out(output);
+  auto comm = comm_;
+  return submit(OpType::ALLTOALL_BASE, "pycomm:all_to_all_single", {output},
+                [comm, in, out, layout, sendCounts, sendOffsets, recvCounts, recvOffsets] {
+                  comm->alltoall(in.flat.data_ptr(), sendCounts, sendOffsets, out.flat.data_ptr(),
+                                 recvCounts, recvOffsets, layout.dtype);
+                  out.copyBack();
+                });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const ::c10d::AllToAllOptions&) {
+  Validator v(rank_, size_, "alltoall");
+  TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(size_) && inputs.size() == outputs.size(),
+                    v.where(), "expects ", size_, " input and output tensors, got ", inputs.size(),
+                    " and ", outputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    v.tensor(inputs[i]);
+    v.sameType(inputs[0], inputs[i]);
+    v.sameType(inputs[0], outputs[i]);
+  }
+  const Layout layout = movable(inputs[0]);
+  std::vector<size_t> sendCounts(size_), sendOffsets(size_), recvCounts(size_), recvOffsets(size_);
+  size_t sendTotal = 0, recvTotal = 0;
+  for (int i = 0; i < size_; ++i) {
+    sendCounts[i] = inputs[i].numel() * layout.scale;
+    recvCounts[i] = outputs[i].numel() * layout.scale;
+    sendOffsets[i] = sendTotal;
+    recvOffsets[i] = recvTotal;
+    sendTotal += sendCounts[i];
+    recvTotal += recvCounts[i];
+  }
+  auto comm = comm_;
+  return submit(OpType::ALLTOALL, "pycomm:all_to_all", outputs,
+                [comm, inputs, outputs, layout, sendCounts, sendOffsets, recvCounts, recvOffsets, recvTotal] {
+                  at::Tensor in = flatten(inputs);
+                  at::Tensor out = at::empty({static_cast<int64_t>(recvTotal / layout.scale)}, in.options());
+                  comm->alltoall(in.data_ptr(), sendCounts, sendOffsets, out.data_ptr(), recvCounts,
+                                 recvOffsets, layout.dtype);
+                  scatterInto(out, outputs);
+                });
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::barrier(const ::c10d::BarrierOptions&) {
+  auto comm = comm_;
+  return submit(OpType::BARRIER, "pycomm:barrier", {}, [comm] { comm->barrier(); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point-to-point: posted at once, outside the collective queue.
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  Validator v(rank_, size_, "send");
+  const at::Tensor& t = v.single(tensors);
+  TORCH_CHECK_VALUE(dstRank >= 0 && dstRank < size_ && dstRank != rank_, v.where(), "invalid destination rank ",
+                    dstRank, " (group of ", size_, ", this rank ", rank_, ")");
+  at::Tensor flat = t.contiguous();  // kept alive by the Work until the bytes are on the wire
+  auto request = comm_->send(flat.data_ptr(), flat.nbytes(), dstRank, static_cast<uint64_t>(tag));
+  auto work = c10::make_intrusive<PointToPointWork>(comm_, request, OpType::SEND, flat,
+                                                    strCat("send to peer ", dstRank, " (tag ", tag, ")"));
+  {
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    if (coalescing_) coalesced_.push_back(work);
+  }
+  auto* raw = request.get();
+  request->onDone([work, raw] { work->complete(raw->error()); });
+  return work;
+}
+
+namespace {
+
+c10::intrusive_ptr<::c10d::Work> postReceive(const std::shared_ptr<Communicator>& comm, const at::Tensor& t,
+                                             int srcRank, int tag, std::mutex& mutex, bool coalescing,
+                                             std::vector<c10::intrusive_ptr<::c10d::Work>>& coalesced) {
+  Contiguous c(t);
+  const int peer = srcRank;
+  auto request = comm->recv(c.flat.data_ptr(), c.flat.nbytes(), peer, static_cast<uint64_t>(tag));
+  auto work = c10::make_intrusive<PointToPointWork>(
+      comm, request, peer == transport::Transport::kAnyPeer ? OpType::RECVANYSOURCE : OpType::RECV, t,
+      peer == transport::Transport::kAnyPeer ? strCat("recv from any peer (tag ", tag, ")")
+                                             : strCat("recv from peer ", peer, " (tag ", tag, ")"));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (coalescing) coalesced.push_back(work);
+  }
+  auto* raw = request.get();
+  request->onDone([work, raw, c] {
+    std::exception_ptr error = raw->error();
+    if (!error) {
+      try {
+        c.copyBack();
+      } catch (const std::exception&) {
+        error = std::current_exception();
+      }
+    }
+    work->complete(error);
+  });
+  return work;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  Validator v(rank_, size_, "recv");
+  const at::Tensor& t = v.single(tensors);
+  TORCH_CHECK_VALUE(srcRank >= 0 && srcRank < size_ && srcRank != rank_, v.where(), "invalid source rank ",
+                    srcRank, " (group of ", size_, ", this rank ", rank_, ")");
+  bool coalescing;
+  {
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    coalescing = coalescing_;
+  }
+  return postReceive(comm_, t, srcRank, tag, coalesceMutex_, coalescing, coalesced_);
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  Validator v(rank_, size_, "recv");
+  const at::Tensor& t = v.single(tensors);
+  bool coalescing;
+  {
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    coalescing = coalescing_;
+  }
+  return postReceive(comm_, t, transport::Transport::kAnyPeer, tag, coalesceMutex_, coalescing, coalesced_);
+}
+
+}  // namespace pycomm::torch_adapter

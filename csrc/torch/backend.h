@@ -1,0 +1,95 @@
+// pycomm as a c10d::Backend. Each override validates its tensors, maps them to (pointer, count,
+// dtype), queues the core call on the communicator's worker and returns a Work. Algorithm choice,
+// chunking and error detection live in the core.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/communicator.h"
+#include "work.h"
+
+namespace pycomm::torch_adapter {
+
+class PycommBackend final : public ::c10d::Backend {
+ public:
+  PycommBackend(const c10::intrusive_ptr<::c10d::Store>& store, const Config& config);
+  ~PycommBackend() override;
+
+  const std::string getBackendName() const override { return "pycomm"; }
+  bool supportsSplitting() const override { return false; }
+  bool supportsCoalescing() const override { return false; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void startCoalescing() override;
+  c10::intrusive_ptr<::c10d::Work> endCoalescing() override;
+
+  c10::intrusive_ptr<::c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                          const ::c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                             std::vector<at::Tensor>& inputs,
+                                             const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                   const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const ::c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const ::c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                  const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& outputSplits,
+                                                 std::vector<int64_t>& inputSplits,
+                                                 const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                            std::vector<at::Tensor>& inputs,
+                                            const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return comm_->sequenceNumber(); }
+  void shutdown() override;
+  void abort() override;
+
+ private:
+  // Queues `body` on the worker; the Work completes with its outcome. `outputs` feed the future.
+  c10::intrusive_ptr<PycommWork> submit(::c10d::OpType opType, const char* title,
+                                        std::vector<at::Tensor> outputs, std::function<void()> body);
+  c10::intrusive_ptr<PycommWork> submitNested(::c10d::OpType opType, const char* title,
+                                              std::vector<std::vector<at::Tensor>> outputs,
+                                              std::function<void()> body);
+  void enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body);
+  void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
+
+  std::shared_ptr<Communicator> comm_;
+  std::mutex coalesceMutex_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<::c10d::Work>> coalesced_;
+};
+
+}  // namespace pycomm::torch_adapter

@@ -1,0 +1,21 @@
+"""pycomm: collective communication for PyTorch, as the torch.distributed backend "pycomm".
+
+``import pycomm`` registers the backend; then ``dist.init_process_group("pycomm")``.
+"""
+
+from __future__ import annotations
+
+from pycomm import _C
+from pycomm.backend import register
+from pycomm.options import Options
+
+__all__ = ["Options", "cuda_available", "__version__"]
+__version__ = "0.1.0"
+
+
+def cuda_available() -> bool:
+    """Whether this build of pycomm was compiled with CUDA support."""
+    return bool(_C.cuda_available())
+
+
+register()

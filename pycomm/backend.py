@@ -1,0 +1,79 @@
+"""Registers pycomm with torch.distributed and creates its backend for each process group."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from typing import Any
+
+import torch.distributed as dist
+
+from pycomm import _C
+from pycomm.options import Options
+
+logger = logging.getLogger("pycomm")
+
+BACKEND_NAME = "pycomm"
+
+
+def _rendezvous_host(store: Any) -> str | None:
+    """The host of the TCPStore behind the (prefixed) store, if any."""
+    seen = 0
+    while store is not None and seen < 8:
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        store = getattr(store, "underlying_store", None)
+        seen += 1
+    return os.environ.get("MASTER_ADDR") or None
+
+
+def bind_address(options: Options, store: Any) -> str:
+    """The address this rank listens on: the named interface's, or the one that reaches the store.
+
+    Never the wildcard address: a rank accepts connections only where its peers can reach it.
+    """
+    if options.socket_ifname:
+        return _C.interface_address(options.socket_ifname)
+    host = _rendezvous_host(store)
+    if host is None:
+        logger.info("pycomm: no rendezvous host known; listening on 127.0.0.1 "
+                    "(set PYCOMM_SOCKET_IFNAME for several hosts)")
+        return "127.0.0.1"
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return "127.0.0.1" if ipaddress.ip_address(host).version == 4 else "::1"
+    except ValueError:
+        if host == "localhost":
+            return "127.0.0.1"
+    return _C.local_address_toward(host)
+
+
+def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
+    """The creator torch calls for every process group of backend "pycomm"."""
+    if pg_options is None:
+        pg_options = Options()
+    if not isinstance(pg_options, Options):
+        raise TypeError(f"pycomm: pg_options must be a pycomm.Options, got {type(pg_options).__name__}")
+    options = pg_options.resolved()
+    store = dist_options.store
+    return _C.PycommBackend(
+        store,
+        dist_options.group_rank,
+        dist_options.group_size,
+        options.timeout_ms(dist_options.timeout),
+        str(dist_options.group_id or ""),
+        bind_address(options, store),
+        options.algorithm,
+        options.chunk_bytes,
+        options.debug,
+    )
+
+
+def register() -> None:
+    if BACKEND_NAME in dist.Backend.backend_list and hasattr(dist.Backend, BACKEND_NAME.upper()):
+        plugin = dist.Backend._plugins.get(BACKEND_NAME.upper())
+        if plugin is not None and plugin.creator_fn is create_backend:
+            return
+    dist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=["cpu", "cuda"])

@@ -1,0 +1,90 @@
+"""pycomm.Options: the settings of one process group, each also readable from the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from typing import Any
+
+ALGORITHMS = ("auto", "ring")
+TRANSPORTS = ("auto", "tcp")
+DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
+DEFAULT_CHUNK_BYTES = 512 * 1024
+
+# field -> environment variable read when the field is left as None
+ENVIRONMENT = {
+    "algorithm": "PYCOMM_ALGO",
+    "transport": "PYCOMM_TRANSPORT",
+    "socket_ifname": "PYCOMM_SOCKET_IFNAME",
+    "chunk_bytes": "PYCOMM_CHUNK_BYTES",
+    "debug": "PYCOMM_DEBUG",
+}
+
+
+def _choice(name: str, value: str, valid: tuple[str, ...]) -> str:
+    normalized = value.upper() if valid is DEBUG_LEVELS else value.lower()
+    if normalized not in valid:
+        raise ValueError(f"pycomm: unknown {name} {value!r}; valid values: {', '.join(valid)}")
+    return normalized
+
+
+def _positive_int(name: str, value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"pycomm: {name} must be a positive integer, got {value!r}") from None
+    if number < 64:
+        raise ValueError(f"pycomm: {name} must be at least 64 bytes, got {number}")
+    return number
+
+
+@dataclasses.dataclass
+class Options:
+    """Settings for a pycomm process group; pass as ``pg_options`` to ``init_process_group``.
+
+    Every field left as None is read from its environment variable (see ``ENVIRONMENT``), then
+    falls back to the default. Unknown values raise ValueError listing the valid ones.
+    """
+
+    algorithm: str | None = None  # all-reduce schedule: auto, ring
+    transport: str | None = None  # auto, tcp
+    socket_ifname: str | None = None  # interface to listen on (default: the one reaching the store)
+    chunk_bytes: int | None = None  # pipelining grain of large ops
+    timeout: datetime.timedelta | float | None = None  # overrides init_process_group's timeout
+    debug: str | None = None  # WARN, INFO (one line per op), TRACE
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.algorithm is not None:
+            self.algorithm = _choice("algorithm", self.algorithm, ALGORITHMS)
+        if self.transport is not None:
+            self.transport = _choice("transport", self.transport, TRANSPORTS)
+        if self.debug is not None:
+            self.debug = _choice("debug level", self.debug, DEBUG_LEVELS)
+        if self.chunk_bytes is not None:
+            self.chunk_bytes = _positive_int("chunk_bytes", self.chunk_bytes)
+        if self.timeout is not None and not isinstance(self.timeout, (datetime.timedelta, int, float)):
+            raise ValueError(f"pycomm: timeout must be a timedelta or seconds, got {self.timeout!r}")
+
+    def resolved(self) -> Options:
+        """A copy with every unset field taken from the environment or the default."""
+        values = dataclasses.asdict(self)
+        for field, variable in ENVIRONMENT.items():
+            if values[field] is None and os.environ.get(variable):
+                values[field] = os.environ[variable]
+        values["algorithm"] = values["algorithm"] or "auto"
+        values["transport"] = values["transport"] or "auto"
+        values["chunk_bytes"] = values["chunk_bytes"] or DEFAULT_CHUNK_BYTES
+        values["debug"] = values["debug"] or "WARN"
+        try:
+            return Options(**values)
+        except ValueError as error:
+            raise ValueError(f"{error} (check the PYCOMM_* environment variables)") from None
+
+    def timeout_ms(self, default: datetime.timedelta) -> int:
+        timeout = self.timeout if self.timeout is not None else default
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        return max(1, int(seconds * 1000))

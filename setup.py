@@ -1,0 +1,43 @@
+"""Builds pycomm's extension (pycomm._C) with torch.utils.cpp_extension and ninja.
+
+The core (csrc/core) is plain C++17; the adapter (csrc/torch) is the only code that includes torch.
+A CUDA extension is built when torch has CUDA and nvcc is found; a CPU-only one otherwise.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def sources() -> list[str]:
+    found = sorted(glob.glob("csrc/core/**/*.cc", recursive=True))
+    found += sorted(glob.glob("csrc/torch/*.cc"))
+    return found
+
+
+def extension() -> CppExtension:
+    return CppExtension(
+        name="pycomm._C",
+        sources=sources(),
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args={"cxx": ["-O3", "-std=c++17", "-Wno-unused-parameter"]},
+    )
+
+
+setup(
+    name="pycomm",
+    version="0.1.0",
+    description="Collective communication for PyTorch: a torch.distributed backend with its own core",
+    packages=find_packages(include=["pycomm", "pycomm.*"]),
+    package_data={"pycomm": ["py.typed", "*.pyi"]},
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4"],
+)
