@@ -35,7 +35,7 @@ setup(
     version="0.1.0",
     description="Collective communication for PyTorch: a torch.distributed backend with its own core",
     packages=find_packages(include=["pycomm", "pycomm.*"]),
-    package_data={"pycomm": ["py.typed", "*.pyi"]},
+    package_data={"pycomm": ["py.typed", "*.pyi", "tuning_data/*.json"]},
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.10",

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from pycomm import _C
 from pycomm.options import Options
+from pycomm.tuning import load_cost_model
 
 logger = logging.getLogger("pycomm")
 
@@ -58,17 +59,17 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         raise TypeError(f"pycomm: pg_options must be a pycomm.Options, got {type(pg_options).__name__}")
     options = pg_options.resolved()
     store = dist_options.store
-    return _C.PycommBackend(
-        store,
-        dist_options.group_rank,
-        dist_options.group_size,
-        options.timeout_ms(dist_options.timeout),
-        str(dist_options.group_id or ""),
-        bind_address(options, store),
-        options.algorithm,
-        options.chunk_bytes,
-        options.debug,
-    )
+    config = {
+        "timeout_ms": options.timeout_ms(dist_options.timeout),
+        "group_name": str(dist_options.group_id or ""),
+        "bind_host": bind_address(options, store),
+        "algorithm": options.algorithm,
+        "chunk_bytes": options.chunk_bytes,
+        "bucket_bytes": options.bucket_bytes,
+        "debug": options.debug,
+        "cost_model": load_cost_model(),
+    }
+    return _C.PycommBackend(store, dist_options.group_rank, dist_options.group_size, config)
 
 
 def register() -> None:

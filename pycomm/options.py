@@ -7,10 +7,11 @@ import datetime
 import os
 from typing import Any
 
-ALGORITHMS = ("auto", "ring")
+ALGORITHMS = ("auto", "ring", "tree", "rhd")
 TRANSPORTS = ("auto", "tcp")
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 DEFAULT_CHUNK_BYTES = 512 * 1024
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 
 # field -> environment variable read when the field is left as None
 ENVIRONMENT = {
@@ -18,6 +19,7 @@ ENVIRONMENT = {
     "transport": "PYCOMM_TRANSPORT",
     "socket_ifname": "PYCOMM_SOCKET_IFNAME",
     "chunk_bytes": "PYCOMM_CHUNK_BYTES",
+    "bucket_bytes": "PYCOMM_BUCKET_BYTES",
     "debug": "PYCOMM_DEBUG",
 }
 
@@ -51,6 +53,7 @@ class Options:
     transport: str | None = None  # auto, tcp
     socket_ifname: str | None = None  # interface to listen on (default: the one reaching the store)
     chunk_bytes: int | None = None  # pipelining grain of large ops
+    bucket_bytes: int | None = None  # all_reduce_coalesced fuses tensors into buckets this large
     timeout: datetime.timedelta | float | None = None  # overrides init_process_group's timeout
     debug: str | None = None  # WARN, INFO (one line per op), TRACE
 
@@ -66,6 +69,8 @@ class Options:
             self.debug = _choice("debug level", self.debug, DEBUG_LEVELS)
         if self.chunk_bytes is not None:
             self.chunk_bytes = _positive_int("chunk_bytes", self.chunk_bytes)
+        if self.bucket_bytes is not None:
+            self.bucket_bytes = _positive_int("bucket_bytes", self.bucket_bytes)
         if self.timeout is not None and not isinstance(self.timeout, (datetime.timedelta, int, float)):
             raise ValueError(f"pycomm: timeout must be a timedelta or seconds, got {self.timeout!r}")
 
@@ -78,6 +83,7 @@ class Options:
         values["algorithm"] = values["algorithm"] or "auto"
         values["transport"] = values["transport"] or "auto"
         values["chunk_bytes"] = values["chunk_bytes"] or DEFAULT_CHUNK_BYTES
+        values["bucket_bytes"] = values["bucket_bytes"] or DEFAULT_BUCKET_BYTES
         values["debug"] = values["debug"] or "WARN"
         try:
             return Options(**values)

@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include "algorithms/binomial.h"
 #include "algorithms/chain.h"
+#include "algorithms/cost_model.h"
 #include "algorithms/direct.h"
 #include "algorithms/op.h"
+#include "algorithms/rhd.h"
 #include "algorithms/ring.h"
+#include "algorithms/tree.h"
 #include "error.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -21,8 +25,17 @@ using transport::OpSignature;
 const char* algorithmName(Algorithm algorithm) {
   switch (algorithm) {
     case Algorithm::kRing: return "ring";
+    case Algorithm::kTree: return "tree";
+    case Algorithm::kRhd: return "rhd";
     default: return "auto";
   }
+}
+
+Algorithm parseAlgorithm(const std::string& name) {
+  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) {
+    if (name == algorithmName(a)) return a;
+  }
+  throw InvalidUsageError(strCat("unknown algorithm '", name, "' (valid: auto, ring, tree, rhd)"));
 }
 
 namespace {
@@ -39,10 +52,14 @@ OpSignature makeSignature(OpKind kind, DataType dtype, ReduceOp op, int root, si
 
 size_t alignUp(size_t n) { return (n + 63) & ~size_t{63}; }
 
+// Below this, broadcast and reduce use binomial trees (latency bound); above, pipelined chain/ring.
+constexpr size_t kShortMessageBytes = 64 * 1024;
+
 }  // namespace
 
 Communicator::Communicator(const Config& config, Store& store)
     : config_(config),
+      timeoutMs_(config.timeout.count()),
       logger_(config.logLevel, strCat("[rank ", config.rank, "/", config.size, " group ",
                                       config.groupName.empty() ? "default" : config.groupName, "]")) {
   PYCOMM_CHECK(config.size >= 1 && config.rank >= 0 && config.rank < config.size, InvalidUsageError,
@@ -113,7 +130,7 @@ void Communicator::shutdown() {
     if (stopping_ && !worker_.joinable()) return;
   }
   // Ops already queued get a bounded grace to finish; a shutdown must not hang on a dead peer.
-  const auto grace = std::min<std::chrono::milliseconds>(config_.timeout, std::chrono::seconds(30));
+  const auto grace = std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(30));
   if (!drain(grace)) {
     logger_.warn("shutdown: ops still pending after the grace period; aborting them");
   }
@@ -141,7 +158,7 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   const auto start = Clock::now();
   Op op(*transport_, seq, signature, strCat(prefix(), " ", transport::opKindName(signature.kind), "/",
                                             algorithm, " ", transport_->name(), " seq=", seq),
-        start + config_.timeout, config_.timeout);
+        start + timeout(), timeout());
   try {
     body(op);
     op.finish();
@@ -164,22 +181,45 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
 void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " allreduce: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
-  runCollective(makeSignature(OpKind::kAllreduce, dtype, op, -1, count), "ring", [&](Op& o) {
+  const size_t esize = elementSize(dtype);
+  const size_t nbytes = count * esize;
+  Algorithm algorithm = config_.algorithm;
+  if (algorithm == Algorithm::kAuto) algorithm = algorithms::chooseAllreduce(config_.costModel, nbytes, size());
+  const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
+  auto* buf = static_cast<uint8_t*>(data);
+  runCollective(makeSignature(OpKind::kAllreduce, dtype, op, -1, count), algorithmName(algorithm), [&](Op& o) {
     if (size() == 1) return;
-    Segments segments(count, size());
-    const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / elementSize(dtype));
-    uint8_t* tmp = scratch(algorithms::ringScratchBytes(segments, chunkElems, dtype));
-    algorithms::ringAllreduce(o, {static_cast<uint8_t*>(data), tmp}, segments, dtype, op, chunkElems,
-                              true);
+    switch (algorithm) {
+      case Algorithm::kTree:
+        algorithms::treeAllreduce(o, buf, scratch(algorithms::treeScratchBytes(count, chunkElems, dtype)),
+                                  count, dtype, op, chunkElems);
+        break;
+      case Algorithm::kRhd:
+        algorithms::rhdAllreduce(o, buf, scratch(algorithms::rhdScratchBytes(count, dtype)), count, dtype,
+                                 op, nbytes >= algorithms::kRhdHalvingThreshold);
+        break;
+      default: {
+        Segments segments(count, size());
+        uint8_t* tmp = scratch(algorithms::ringScratchBytes(segments, chunkElems, dtype));
+        algorithms::ringAllreduce(o, {buf, tmp}, segments, dtype, op, chunkElems, true);
+      }
+    }
   });
 }
 
 void Communicator::broadcast(void* data, size_t count, DataType dtype, int root) {
   PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " broadcast: invalid root ", root);
-  runCollective(makeSignature(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count), "chain",
-                [&](Op& o) {
-                  algorithms::chainBroadcast(o, static_cast<uint8_t*>(data),
-                                             count * elementSize(dtype), root, config_.chunkBytes);
+  const size_t nbytes = count * elementSize(dtype);
+  // Short messages: log2 p hops of a binomial tree; long ones: the pipelined chain, at link speed.
+  const bool shortMessage = nbytes <= kShortMessageBytes;
+  runCollective(makeSignature(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count),
+                shortMessage ? "binomial" : "chain", [&](Op& o) {
+                  if (size() == 1) return;
+                  if (shortMessage) {
+                    algorithms::binomialBroadcast(o, static_cast<uint8_t*>(data), nbytes, root);
+                  } else {
+                    algorithms::chainBroadcast(o, static_cast<uint8_t*>(data), nbytes, root, config_.chunkBytes);
+                  }
                 });
 }
 
@@ -187,12 +227,20 @@ void Communicator::reduce(void* data, size_t count, DataType dtype, ReduceOp op,
   PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " reduce: invalid root ", root);
   PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " reduce: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
-  runCollective(makeSignature(OpKind::kReduce, dtype, op, root, count), "ring", [&](Op& o) {
+  const size_t esize = elementSize(dtype);
+  const size_t bytes = count * esize;
+  const bool shortMessage = bytes <= kShortMessageBytes;
+  runCollective(makeSignature(OpKind::kReduce, dtype, op, root, count), shortMessage ? "binomial" : "ring",
+                [&](Op& o) {
     const int p = size();
     const int r = rank();
     if (p == 1) return;
-    const size_t esize = elementSize(dtype);
-    const size_t bytes = count * esize;
+    if (shortMessage) {
+      uint8_t* work = scratch(2 * alignUp(bytes));
+      algorithms::binomialReduce(o, static_cast<uint8_t*>(data), work, work + alignUp(bytes), count, dtype,
+                                 op, root);
+      return;
+    }
     Segments segments(count, p);
     const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
     // Reduce-scatter a copy, so that non-root ranks keep their input as it was.
@@ -283,6 +331,8 @@ void Communicator::alltoall(const void* in, const std::vector<size_t>& sendCount
   });
 }
 
+void Communicator::setAlgorithm(Algorithm algorithm) { config_.algorithm = algorithm; }
+
 void Communicator::barrier() {
   runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0),
                 "dissemination", [&](Op& o) { algorithms::disseminationBarrier(o); });
@@ -308,12 +358,12 @@ std::shared_ptr<Request> Communicator::recv(void* data, size_t nbytes, int peer,
 }
 
 void Communicator::waitPointToPoint(const std::shared_ptr<Request>& request, const std::string& what) {
-  const auto deadline = Clock::now() + config_.timeout;
+  const auto deadline = Clock::now() + timeout();
   try {
     request->wait(deadline, strCat(prefix(), " ", what));
   } catch (const TimeoutError& e) {
     transport_->cancel(request, Clock::now() + std::chrono::seconds(5));
-    throw TimeoutError(strCat(e.what(), " after ", config_.timeout.count(), " ms"));
+    throw TimeoutError(strCat(e.what(), " after ", timeout().count(), " ms"));
   }
 }
 

@@ -7,6 +7,7 @@
 // behind an unrelated collective.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -46,10 +47,13 @@ class Communicator {
   void shutdown();
   // Fails everything pending and in flight at once. Idempotent.
   void abort(const std::string& reason);
-  void setTimeout(std::chrono::milliseconds timeout) { config_.timeout = timeout; }
+  void setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(timeout.count()); }
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeoutMs_.load()); }
+  // Worker thread only (queue it with enqueue() so it applies in issue order on every rank).
+  void setAlgorithm(Algorithm algorithm);
 
   // The number of collectives issued so far on this rank (the next one gets this + 1).
-  uint64_t sequenceNumber() const { return seq_; }
+  uint64_t sequenceNumber() const { return seq_.load(); }
 
   // Collectives. Blocking; call them from an enqueued task so every rank runs them in one order.
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op);
@@ -86,7 +90,8 @@ class Communicator {
   Config config_;
   Logger logger_;
   std::unique_ptr<transport::Transport> transport_;
-  uint64_t seq_ = 0;                // worker thread only
+  std::atomic<int64_t> timeoutMs_;
+  std::atomic<uint64_t> seq_{0};    // written by the worker thread only
   std::vector<uint8_t> scratch_;    // worker thread only
 
   std::mutex queueMutex_;

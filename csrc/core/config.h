@@ -10,7 +10,23 @@
 
 namespace pycomm {
 
-enum class Algorithm { kAuto, kRing };
+enum class Algorithm { kAuto, kRing, kTree, kRhd };
+
+// Fitted constants of one all-reduce algorithm: seconds per step and per byte a rank moves.
+struct AlgorithmCost {
+  double alpha = 0;
+  double beta = 0;
+};
+
+// Defaults are placeholders of the right shape; the Python layer passes the measured table.
+struct CostModel {
+  AlgorithmCost ring{30e-6, 1.0e-9};
+  AlgorithmCost tree{30e-6, 1.2e-9};
+  AlgorithmCost rhd{30e-6, 1.1e-9};
+  const AlgorithmCost& of(Algorithm a) const {
+    return a == Algorithm::kTree ? tree : a == Algorithm::kRhd ? rhd : ring;
+  }
+};
 
 struct Config {
   int rank = 0;
@@ -22,9 +38,14 @@ struct Config {
   Algorithm algorithm = Algorithm::kAuto;
   // Pipelining grain: large ops are cut into chunks of this many bytes (measured default).
   size_t chunkBytes = 512 * 1024;
+  CostModel costModel;
+  // allreduce_coalesced fuses tensors into buckets of at most this many bytes (DDP's default).
+  size_t bucketBytes = 25 * 1024 * 1024;
   LogLevel logLevel = LogLevel::kWarn;
 };
 
 const char* algorithmName(Algorithm algorithm);
+// Throws InvalidUsageError listing the valid names.
+Algorithm parseAlgorithm(const std::string& name);
 
 }  // namespace pycomm

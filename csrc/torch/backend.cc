@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 
@@ -183,6 +184,12 @@ void PycommBackend::setTimeout(std::chrono::milliseconds timeout) { comm_->setTi
 
 void PycommBackend::shutdown() { comm_->shutdown(); }
 
+void PycommBackend::setAlgorithm(const std::string& name) {
+  const Algorithm algorithm = parseAlgorithm(name);
+  auto comm = comm_;
+  comm_->enqueue([comm, algorithm] { comm->setAlgorithm(algorithm); });
+}
+
 void PycommBackend::abort() { comm_->abort("abort() was called"); }
 
 void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body) {
@@ -294,21 +301,34 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
     v.reduceOp(opts.reduceOp, t);
   }
   const ::c10d::ReduceOp op = opts.reduceOp;
+  const size_t bucketBytes = comm_->config().bucketBytes;
   return submit(OpType::ALLREDUCE_COALESCED, "pycomm:all_reduce_coalesced", tensors,
-                [this, tensors, op] {
-                  // One flat all-reduce per dtype, in first-seen order (the same on every rank).
-                  std::vector<at::ScalarType> order;
-                  std::map<at::ScalarType, std::vector<at::Tensor>> groups;
-                  for (const auto& t : tensors) {
-                    if (groups.count(t.scalar_type()) == 0) order.push_back(t.scalar_type());
-                    groups[t.scalar_type()].push_back(t);
-                  }
-                  for (auto type : order) {
-                    const auto& group = groups[type];
-                    at::Tensor flat = flatten(group);
+                [this, tensors, op, bucketBytes] {
+                  // Buckets of one dtype each, filled in the order given (the same on every rank),
+                  // closed when the next tensor would overflow bucketBytes; one all-reduce per bucket.
+                  std::map<at::ScalarType, std::vector<at::Tensor>> open;
+                  std::map<at::ScalarType, size_t> openBytes;
+                  auto flush = [&](at::ScalarType type) {
+                    auto& bucket = open[type];
+                    if (bucket.empty()) return;
+                    at::Tensor flat = bucket.size() == 1 ? bucket[0].reshape({-1}).contiguous() : flatten(bucket);
                     allreduceNow(flat, op);
-                    scatterInto(flat, group);
+                    scatterInto(flat, bucket);
+                    bucket.clear();
+                    openBytes[type] = 0;
+                  };
+                  for (const auto& t : tensors) {
+                    const auto type = t.scalar_type();
+                    if (openBytes[type] > 0 && openBytes[type] + t.nbytes() > bucketBytes) flush(type);
+                    open[type].push_back(t);
+                    openBytes[type] += t.nbytes();
                   }
+                  // Close the remaining buckets in first-seen dtype order.
+                  std::vector<at::ScalarType> order;
+                  for (const auto& t : tensors) {
+                    if (std::find(order.begin(), order.end(), t.scalar_type()) == order.end()) order.push_back(t.scalar_type());
+                  }
+                  for (auto type : order) flush(type);
                 });
 }
 

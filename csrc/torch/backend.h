@@ -73,6 +73,8 @@ class PycommBackend final : public ::c10d::Backend {
 
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return comm_->sequenceNumber(); }
+  // Applies to every all-reduce issued after it, in issue order (so the same on every rank).
+  void setAlgorithm(const std::string& name);
   void shutdown() override;
   void abort() override;
 

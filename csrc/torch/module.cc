@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend.h"
+#include "core/error.h"
 #include "core/transport/tcp/socket.h"
 
 namespace py = pybind11;
@@ -11,17 +12,46 @@ using pycomm::torch_adapter::PycommBackend;
 
 namespace {
 
-pycomm::Algorithm parseAlgorithm(const std::string& name) {
-  if (name == "auto") return pycomm::Algorithm::kAuto;
-  if (name == "ring") return pycomm::Algorithm::kRing;
-  throw py::value_error("unknown algorithm '" + name + "' (valid: auto, ring)");
-}
-
 pycomm::LogLevel parseLogLevel(const std::string& name) {
   if (name == "WARN") return pycomm::LogLevel::kWarn;
   if (name == "INFO") return pycomm::LogLevel::kInfo;
   if (name == "TRACE") return pycomm::LogLevel::kTrace;
   throw py::value_error("unknown debug level '" + name + "' (valid: WARN, INFO, TRACE)");
+}
+
+template <typename T>
+T required(const py::dict& config, const char* key) {
+  if (!config.contains(key)) throw py::key_error(std::string("pycomm backend config lacks '") + key + "'");
+  return config[key].cast<T>();
+}
+
+// The Python layer (pycomm/backend.py) resolves options and the environment into this dict.
+Config parseConfig(int rank, int size, const py::dict& config) {
+  Config c;
+  c.rank = rank;
+  c.size = size;
+  c.timeout = std::chrono::milliseconds(required<int64_t>(config, "timeout_ms"));
+  c.groupName = required<std::string>(config, "group_name");
+  c.bindHost = required<std::string>(config, "bind_host");
+  try {
+    c.algorithm = pycomm::parseAlgorithm(required<std::string>(config, "algorithm"));
+  } catch (const pycomm::InvalidUsageError& e) {
+    throw py::value_error(e.what());
+  }
+  c.chunkBytes = required<size_t>(config, "chunk_bytes");
+  c.bucketBytes = required<size_t>(config, "bucket_bytes");
+  c.logLevel = parseLogLevel(required<std::string>(config, "debug"));
+  auto model = required<py::dict>(config, "cost_model");
+  auto cost = [&](const char* name, pycomm::AlgorithmCost& out) {
+    if (!model.contains(name)) return;
+    auto pair = model[name].cast<std::pair<double, double>>();
+    out.alpha = pair.first;
+    out.beta = pair.second;
+  };
+  cost("ring", c.costModel.ring);
+  cost("tree", c.costModel.tree);
+  cost("rhd", c.costModel.rhd);
+  return c;
 }
 
 }  // namespace
@@ -31,24 +61,15 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<PycommBackend, ::c10d::Backend, c10::intrusive_ptr<PycommBackend>>(m, "PycommBackend")
       .def(py::init([](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
-                       int64_t timeoutMs, const std::string& groupName, const std::string& bindHost,
-                       const std::string& algorithm, int64_t chunkBytes, const std::string& debug) {
-             Config config;
-             config.rank = rank;
-             config.size = size;
-             config.timeout = std::chrono::milliseconds(timeoutMs);
-             config.groupName = groupName;
-             config.bindHost = bindHost;
-             config.algorithm = parseAlgorithm(algorithm);
-             config.chunkBytes = static_cast<size_t>(chunkBytes);
-             config.logLevel = parseLogLevel(debug);
+                       const py::dict& config) {
+             Config parsed = parseConfig(rank, size, config);
              // Connecting waits for every rank; other Python threads keep running meanwhile.
              py::gil_scoped_release release;
-             return c10::make_intrusive<PycommBackend>(store, config);
+             return c10::make_intrusive<PycommBackend>(store, parsed);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"),
-           py::arg("group_name"), py::arg("bind_host"), py::arg("algorithm"), py::arg("chunk_bytes"),
-           py::arg("debug"));
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("config"))
+      .def("set_algorithm", &PycommBackend::setAlgorithm, py::arg("algorithm"),
+           "Use this all-reduce algorithm for the ops issued after this call.");
 
   m.def("cuda_available", [] { return false; },
         "Whether this build of pycomm was compiled with CUDA support.");

@@ -20,7 +20,8 @@ namespace {
 int64_t value(int rank, size_t i) { return static_cast<int64_t>((i * 7 + rank * 13) % 101) - 50; }
 
 std::vector<std::unique_ptr<Communicator>> makeGroup(int size, MemoryStore& store, size_t chunkBytes,
-                                                     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+                                                     std::chrono::milliseconds timeout = std::chrono::seconds(20),
+                                                     Algorithm algorithm = Algorithm::kAuto) {
   std::vector<std::unique_ptr<Communicator>> comms(size);
   runRanks(size, [&](int r) {
     Config config;
@@ -28,6 +29,7 @@ std::vector<std::unique_ptr<Communicator>> makeGroup(int size, MemoryStore& stor
     config.size = size;
     config.timeout = timeout;
     config.chunkBytes = chunkBytes;
+    config.algorithm = algorithm;
     comms[r] = std::make_unique<Communicator>(config, store);
   });
   return comms;
@@ -125,6 +127,37 @@ void checkCollectives(int size, size_t chunkBytes) {
   }
 }
 
+// Every all-reduce algorithm, world sizes 1 to 8, sizes around the world size and chunk boundaries.
+void checkAllreduceAlgorithms() {
+  for (Algorithm algorithm : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) {
+    for (int size = 1; size <= 8; ++size) {
+      MemoryStore store;
+      auto comms = makeGroup(size, store, 256, std::chrono::seconds(20), algorithm);
+      const size_t p = static_cast<size_t>(size);
+      for (size_t count : {size_t{0}, size_t{1}, p - 1, p + 1, size_t{97}, size_t{20011}}) {
+        runRanks(size, [&](int r) {
+          std::vector<int64_t> buf(count);
+          for (size_t i = 0; i < count; ++i) buf[i] = value(r, i);
+          comms[r]->allreduce(buf.data(), count, DataType::kInt64, ReduceOp::kSum);
+          for (size_t i = 0; i < count; ++i) {
+            int64_t expect = 0;
+            for (int q = 0; q < size; ++q) expect += value(q, i);
+            EXPECT_TRUE(buf[i] == expect, algorithmName(algorithm), " size ", size, " count ", count, " i ", i);
+          }
+          std::vector<int32_t> mn(count);
+          for (size_t i = 0; i < count; ++i) mn[i] = static_cast<int32_t>(value(r, i));
+          comms[r]->allreduce(mn.data(), count, DataType::kInt32, ReduceOp::kMin);
+          for (size_t i = 0; i < count; ++i) {
+            int32_t expect = INT32_MAX;
+            for (int q = 0; q < size; ++q) expect = std::min<int32_t>(expect, static_cast<int32_t>(value(q, i)));
+            EXPECT_TRUE(mn[i] == expect, algorithmName(algorithm), " min size ", size, " count ", count);
+          }
+        });
+      }
+    }
+  }
+}
+
 void checkMismatchAndRecovery() {
   MemoryStore store;
   const int size = 3;
@@ -180,6 +213,7 @@ void checkTimeoutNamesPeer() {
 int main() {
   for (int size : {1, 2, 3, 4, 5}) checkCollectives(size, 4096);
   checkCollectives(3, 64);  // many chunks per segment
+  checkAllreduceAlgorithms();
   checkMismatchAndRecovery();
   checkSendBeforeReceive();
   checkTimeoutNamesPeer();

@@ -1,0 +1,111 @@
+#include "rhd.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "../codecs/reduce.h"
+
+namespace pycomm::algorithms {
+namespace {
+
+int largestPowerOfTwo(int p) {
+  int q = 1;
+  while (q * 2 <= p) q *= 2;
+  return q;
+}
+
+}  // namespace
+
+size_t rhdScratchBytes(size_t count, DataType dtype) { return std::max<size_t>(count, 1) * elementSize(dtype); }
+
+void rhdAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype,
+                  ReduceOp reduceOp, bool halving) {
+  const int p = op.size();
+  if (p == 1) return;
+  const int r = op.rank();
+  const size_t esize = elementSize(dtype);
+  const int q = largestPowerOfTwo(p);
+  const int extra = p - q;
+  uint32_t slot = 0;
+
+  // Fold-in: among the first 2*extra ranks, even ones hand their vector to the odd neighbour.
+  int vrank;  // rank among the q participants, or -1 for a rank that sits out
+  if (r < 2 * extra) {
+    if (r % 2 == 0) {
+      op.send(r + 1, slot, data, count * esize);
+      vrank = -1;
+    } else {
+      op.wait(op.recv(r - 1, slot, scratch, count * esize));
+      codecs::reduceInto(data, scratch, count, dtype, reduceOp);
+      vrank = r / 2;
+    }
+  } else {
+    vrank = r - extra;
+  }
+  ++slot;
+  auto realRank = [&](int v) { return v < extra ? 2 * v + 1 : v + extra; };
+
+  if (vrank >= 0 && !halving) {
+    for (int mask = 1; mask < q; mask <<= 1, ++slot) {
+      const int partner = realRank(vrank ^ mask);
+      auto recv = op.recv(partner, slot, scratch, count * esize);
+      auto send = op.send(partner, slot, data, count * esize);
+      op.wait(recv);
+      op.wait(send);  // the send reads `data`, which the reduction below may overwrite
+      // Reduce in a fixed order (lower virtual rank first) so both partners get identical bits.
+      if ((vrank & mask) == 0) {
+        codecs::reduceInto(data, scratch, count, dtype, reduceOp);
+      } else {
+        codecs::reduceInto(scratch, data, count, dtype, reduceOp);
+        std::memcpy(data, scratch, count * esize);
+      }
+    }
+  } else if (vrank >= 0) {
+    Segments segments(count, q);
+    int lo = 0, hi = q;  // window of segments this rank is responsible for
+    // Recursive halving: keep the half of the window that holds our own segment.
+    for (int mask = q / 2; mask >= 1; mask >>= 1, ++slot) {
+      const int partner = realRank(vrank ^ mask);
+      const int mid = lo + (hi - lo) / 2;
+      const bool upper = (vrank & mask) != 0;
+      const int keepLo = upper ? mid : lo, keepHi = upper ? hi : mid;
+      const int sendLo = upper ? lo : mid, sendHi = upper ? mid : hi;
+      const size_t keepOff = segments.offset(keepLo), keepLen = segments.offset(keepHi) - keepOff;
+      const size_t sendOff = segments.offset(sendLo), sendLen = segments.offset(sendHi) - sendOff;
+      auto recv = op.recv(partner, slot, scratch, keepLen * esize);
+      op.send(partner, slot, data + sendOff * esize, sendLen * esize);
+      op.wait(recv);
+      codecs::reduceInto(data + keepOff * esize, scratch, keepLen, dtype, reduceOp);
+      op.waitAll();
+      lo = keepLo;
+      hi = keepHi;
+    }
+    // Recursive doubling: swap windows with the partner until every rank holds everything.
+    for (int mask = 1; mask < q; mask <<= 1, ++slot) {
+      const int partner = realRank(vrank ^ mask);
+      const bool upper = (vrank & mask) != 0;
+      const int width = hi - lo;
+      const int otherLo = upper ? lo - width : hi, otherHi = upper ? lo : hi + width;
+      const size_t myOff = segments.offset(lo), myLen = segments.offset(hi) - myOff;
+      const size_t otherOff = segments.offset(otherLo), otherLen = segments.offset(otherHi) - otherOff;
+      auto recv = op.recv(partner, slot, data + otherOff * esize, otherLen * esize);
+      op.send(partner, slot, data + myOff * esize, myLen * esize);
+      op.wait(recv);
+      op.waitAll();
+      lo = std::min(lo, otherLo);
+      hi = std::max(hi, otherHi);
+    }
+  }
+  // Fold-out: hand the result back to the ranks that sat out. Slot after every step of both modes.
+  const uint32_t outSlot = static_cast<uint32_t>(1 + 2 * 32);
+  if (r < 2 * extra) {
+    if (r % 2 == 0) {
+      op.wait(op.recv(r + 1, outSlot, data, count * esize));
+    } else {
+      op.send(r - 1, outSlot, data, count * esize);
+    }
+  }
+  op.waitAll();
+}
+
+}  // namespace pycomm::algorithms

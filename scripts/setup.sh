@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what pycomm needs and builds it in place. Idempotent: a second run only rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m pip --version >/dev/null
+# torch 2.13.0 CPU build (a CUDA machine gets torch's CUDA build the same way).
+if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13') else 1)" 2>/dev/null; then
+  python3 -m pip install -q "torch==2.13.0"
+fi
+python3 -m pip install -q ninja pytest numpy matplotlib
+command -v cmake >/dev/null || python3 -m pip install -q cmake
+# No build isolation: an isolated build would fetch another torch. The first install registers the
+# package in place; later runs rebuild only when a source changed, incrementally with ninja.
+so=$(ls pycomm/_C*.so 2>/dev/null | head -n 1 || true)
+if ! python3 -m pip show -q pycomm >/dev/null 2>&1 || [ -z "$so" ]; then
+  python3 -m pip install -q --no-build-isolation -e .
+elif [ -n "$(find csrc setup.py -newer "$so" -type f 2>/dev/null | head -n 1)" ]; then
+  python3 setup.py -q build_ext --inplace
+fi

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: native tests of the core (ctest), then the pytest suite against torch.distributed.
+# Set PYCOMM_FULL_SWEEP=1 for the exhaustive sweeps.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh || exit 1
+
+status=0
+cmake -S . -B build/native -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build/native >/dev/null \
+  && ctest --test-dir build/native --output-on-failure || status=1
+
+python3 -m pytest tests -q -p no:cacheprovider "$@"
+rc=$?
+# Exit code 5 means pytest collected no test: not a failure of the suite.
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
+exit $status
