@@ -7,10 +7,20 @@ from __future__ import annotations
 
 from pycomm import _C
 from pycomm.backend import register
-from pycomm.collectives import bucketed_all_reduce, set_algorithm
+from pycomm import hooks
+from pycomm.collectives import all_reduce, bucketed_all_reduce, set_algorithm, stats
 from pycomm.options import Options
 
-__all__ = ["Options", "bucketed_all_reduce", "cuda_available", "set_algorithm", "__version__"]
+__all__ = [
+    "Options",
+    "all_reduce",
+    "bucketed_all_reduce",
+    "cuda_available",
+    "hooks",
+    "set_algorithm",
+    "stats",
+    "__version__",
+]
 __version__ = "0.1.0"
 
 

@@ -64,6 +64,7 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         "group_name": str(dist_options.group_id or ""),
         "bind_host": bind_address(options, store),
         "algorithm": options.algorithm,
+        "compression": options.compression,
         "chunk_bytes": options.chunk_bytes,
         "bucket_bytes": options.bucket_bytes,
         "debug": options.debug,

@@ -6,14 +6,23 @@ import torch
 import torch.distributed as dist
 
 from pycomm import _C
-from pycomm.options import ALGORITHMS
+from pycomm.options import ALGORITHMS, COMPRESSIONS
+
+
+def pycomm_backend(group: dist.ProcessGroup | None) -> _C.PycommBackend | None:
+    """The group's pycomm backend, or None if the group runs another backend."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return None
+    return backend if isinstance(backend, _C.PycommBackend) else None
 
 
 def _backend(group: dist.ProcessGroup | None) -> _C.PycommBackend:
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    backend = pg._get_backend(torch.device("cpu"))
-    if not isinstance(backend, _C.PycommBackend):
-        raise TypeError(f"pycomm: the group's backend is {pg._get_backend_name()}, not pycomm")
+    backend = pycomm_backend(group)
+    if backend is None:
+        raise TypeError("pycomm: this process group does not run the pycomm backend")
     return backend
 
 
@@ -43,3 +52,32 @@ def bucketed_all_reduce(
         return work
     work.wait()
     return None
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+    compression: str = "none",
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> dist.Work | None:
+    """All-reduce with an optional codec for this call (float32, SUM or AVG when compressed).
+
+    Compressed, the result is rounded exactly twice whatever the world size: each rank encodes its
+    input once, and the sum of each segment is encoded once.
+    """
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"pycomm: unknown compression {compression!r}; valid values: {', '.join(COMPRESSIONS)}")
+    if compression == "none":
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    work = _backend(group).allreduce_compressed(tensor, op, compression)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def stats(group: dist.ProcessGroup | None = None) -> dict[str, dict[str, float]]:
+    """Per op and codec ("allreduce", "allreduce/fp16", "send", ...): calls, bytes_sent,
+    bytes_received and seconds since the group was created, on this rank."""
+    return dict(_backend(group).stats())

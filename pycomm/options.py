@@ -9,6 +9,7 @@ from typing import Any
 
 ALGORITHMS = ("auto", "ring", "tree", "rhd")
 TRANSPORTS = ("auto", "tcp")
+COMPRESSIONS = ("none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 DEFAULT_CHUNK_BYTES = 512 * 1024
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -16,6 +17,7 @@ DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 # field -> environment variable read when the field is left as None
 ENVIRONMENT = {
     "algorithm": "PYCOMM_ALGO",
+    "compression": "PYCOMM_COMPRESSION",
     "transport": "PYCOMM_TRANSPORT",
     "socket_ifname": "PYCOMM_SOCKET_IFNAME",
     "chunk_bytes": "PYCOMM_CHUNK_BYTES",
@@ -49,7 +51,8 @@ class Options:
     falls back to the default. Unknown values raise ValueError listing the valid ones.
     """
 
-    algorithm: str | None = None  # all-reduce schedule: auto, ring
+    algorithm: str | None = None  # all-reduce schedule: auto, ring, tree, rhd
+    compression: str | None = None  # none, fp16, bf16, fp8_e4m3, fp8_e5m2 (fp32 all-reduce etc.)
     transport: str | None = None  # auto, tcp
     socket_ifname: str | None = None  # interface to listen on (default: the one reaching the store)
     chunk_bytes: int | None = None  # pipelining grain of large ops
@@ -63,6 +66,8 @@ class Options:
     def _validate(self) -> None:
         if self.algorithm is not None:
             self.algorithm = _choice("algorithm", self.algorithm, ALGORITHMS)
+        if self.compression is not None:
+            self.compression = _choice("compression", self.compression, COMPRESSIONS)
         if self.transport is not None:
             self.transport = _choice("transport", self.transport, TRANSPORTS)
         if self.debug is not None:
@@ -82,6 +87,7 @@ class Options:
                 values[field] = os.environ[variable]
         values["algorithm"] = values["algorithm"] or "auto"
         values["transport"] = values["transport"] or "auto"
+        values["compression"] = values["compression"] or "none"
         values["chunk_bytes"] = values["chunk_bytes"] or DEFAULT_CHUNK_BYTES
         values["bucket_bytes"] = values["bucket_bytes"] or DEFAULT_BUCKET_BYTES
         values["debug"] = values["debug"] or "WARN"

@@ -5,6 +5,7 @@
 
 #include "algorithms/binomial.h"
 #include "algorithms/chain.h"
+#include "algorithms/compressed.h"
 #include "algorithms/cost_model.h"
 #include "algorithms/direct.h"
 #include "algorithms/op.h"
@@ -166,13 +167,30 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
     op.fail(e.what());
     throw;
   }
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+  static const char* const kCodecs[] = {"", "/fp16", "/bf16", "/fp8_e4m3", "/fp8_e5m2"};
+  record(strCat(transport::opKindName(signature.kind), kCodecs[signature.codec <= 4 ? signature.codec : 0]),
+         op.bytesSent(), op.bytesReceived(), us * 1e-6);
   if (logger_.enabled(LogLevel::kInfo)) {
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
     logger_.log(LogLevel::kInfo,
                 strCat(" seq=", seq, " ", transport::opKindName(signature.kind), " ",
                        signature.count * elementSize(static_cast<DataType>(signature.dtype)), " B ",
-                       algorithm, " ", transport_->name(), " ", us, " us"));
+                       algorithm, " ", transport_->name(), " sent ", op.bytesSent(), " B ", us, " us"));
   }
+}
+
+void Communicator::record(const std::string& key, uint64_t sent, uint64_t received, double seconds) {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  OpStats& s = stats_[key];
+  ++s.calls;
+  s.bytesSent += sent;
+  s.bytesReceived += received;
+  s.seconds += seconds;
+}
+
+std::map<std::string, Communicator::OpStats> Communicator::stats() const {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  return stats_;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -333,6 +351,41 @@ void Communicator::alltoall(const void* in, const std::vector<size_t>& sendCount
 
 void Communicator::setAlgorithm(Algorithm algorithm) { config_.algorithm = algorithm; }
 
+namespace {
+OpSignature compressedSignature(OpKind kind, size_t count, codecs::Codec codec, bool average) {
+  OpSignature s = makeSignature(kind, DataType::kFloat32, ReduceOp::kSum, -1, count);
+  s.codec = static_cast<uint8_t>(1 + static_cast<int>(codec));
+  s.root = average ? -2 : -1;  // AVG and SUM must not be mixed across ranks either
+  return s;
+}
+}  // namespace
+
+void Communicator::allreduceCompressed(float* data, size_t count, codecs::Codec codec, bool average) {
+  runCollective(compressedSignature(OpKind::kAllreduce, count, codec, average), "compressed", [&](Op& o) {
+    if (size() == 1) {
+      // One rank still rounds the way the group would, so results do not depend on the world size.
+      std::vector<uint8_t> encoded(codecs::encodedBytes(codec, count));
+      codecs::encode(codec, data, count, encoded.data());
+      codecs::decode(codec, encoded.data(), count, data);
+      return;
+    }
+    algorithms::compressedAllreduce(o, data, count, codec, average, config_.chunkBytes, scratch_);
+  });
+}
+
+void Communicator::reduceScatterCompressed(const float* in, float* out, size_t count, codecs::Codec codec,
+                                           bool average) {
+  runCollective(compressedSignature(OpKind::kReduceScatter, count, codec, average), "compressed", [&](Op& o) {
+    algorithms::compressedReduceScatter(o, in, out, count, codec, average, scratch_);
+  });
+}
+
+void Communicator::allgatherCompressed(const float* in, float* out, size_t count, codecs::Codec codec) {
+  runCollective(compressedSignature(OpKind::kAllgather, count, codec, false), "compressed", [&](Op& o) {
+    algorithms::compressedAllgather(o, in, out, count, codec, config_.chunkBytes, scratch_);
+  });
+}
+
 void Communicator::barrier() {
   runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0),
                 "dissemination", [&](Op& o) { algorithms::disseminationBarrier(o); });
@@ -342,6 +395,7 @@ void Communicator::barrier() {
 // Point-to-point
 
 std::shared_ptr<Request> Communicator::send(const void* data, size_t nbytes, int peer, uint64_t tag) {
+  record("send", nbytes, 0, 0);
   transport::FrameInfo info;
   info.channel = transport::Channel::kP2P;
   info.seq = tag;
@@ -350,6 +404,7 @@ std::shared_ptr<Request> Communicator::send(const void* data, size_t nbytes, int
 }
 
 std::shared_ptr<Request> Communicator::recv(void* data, size_t nbytes, int peer, uint64_t tag) {
+  record("recv", 0, nbytes, 0);
   transport::FrameInfo info;
   info.channel = transport::Channel::kP2P;
   info.seq = tag;

@@ -12,12 +12,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "codecs/block_codec.h"
 #include "config.h"
 #include "dtype.h"
 #include "store.h"
@@ -73,6 +75,20 @@ class Communicator {
                 DataType dtype);
   void barrier();
 
+  // Compressed fp32 collectives (algorithms/compressed.h): rounding twice at any world size.
+  void allreduceCompressed(float* data, size_t count, codecs::Codec codec, bool average);
+  void reduceScatterCompressed(const float* in, float* out, size_t count, codecs::Codec codec, bool average);
+  void allgatherCompressed(const float* in, float* out, size_t count, codecs::Codec codec);
+
+  // Counters per op and codec ("allreduce", "allreduce/fp16", "send", ...), since creation.
+  struct OpStats {
+    uint64_t calls = 0;
+    uint64_t bytesSent = 0;
+    uint64_t bytesReceived = 0;
+    double seconds = 0;
+  };
+  std::map<std::string, OpStats> stats() const;
+
   // Point-to-point, from any thread; tags keep separate streams apart.
   std::shared_ptr<Request> send(const void* data, size_t nbytes, int peer, uint64_t tag);
   // peer may be transport::Transport::kAnyPeer.
@@ -93,6 +109,10 @@ class Communicator {
   std::atomic<int64_t> timeoutMs_;
   std::atomic<uint64_t> seq_{0};    // written by the worker thread only
   std::vector<uint8_t> scratch_;    // worker thread only
+
+  mutable std::mutex statsMutex_;
+  std::map<std::string, OpStats> stats_;
+  void record(const std::string& key, uint64_t sent, uint64_t received, double seconds);
 
   std::mutex queueMutex_;
   std::condition_variable queueCv_;

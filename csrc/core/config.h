@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <string>
 
+#include "codecs/block_codec.h"
 #include "logging.h"
 
 namespace pycomm {
@@ -41,6 +43,8 @@ struct Config {
   CostModel costModel;
   // allreduce_coalesced fuses tensors into buckets of at most this many bytes (DDP's default).
   size_t bucketBytes = 25 * 1024 * 1024;
+  // When set, fp32 all-reduce (SUM/AVG), reduce-scatter and all-gather travel compressed.
+  std::optional<codecs::Codec> compression;
   LogLevel logLevel = LogLevel::kWarn;
 };
 

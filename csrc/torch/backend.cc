@@ -273,8 +273,46 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::broadcast(std::vector<at::Tensor
   });
 }
 
+std::optional<codecs::Codec> PycommBackend::compressionFor(const at::Tensor& t,
+                                                            const ::c10d::ReduceOp* op) const {
+  const auto& codec = comm_->config().compression;
+  if (!codec || t.scalar_type() != at::kFloat) return std::nullopt;
+  if (op != nullptr && op->op_ != ::c10d::ReduceOp::SUM && op->op_ != ::c10d::ReduceOp::AVG) return std::nullopt;
+  return codec;
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Tensor& tensor,
+                                                                    const ::c10d::ReduceOp& op,
+                                                                    const std::string& codecName) {
+  Validator v(rank_, size_, "allreduce");
+  v.tensor(tensor);
+  TORCH_CHECK_TYPE(tensor.scalar_type() == at::kFloat, v.where(), "compression needs a float32 tensor, got ",
+                   tensor.scalar_type());
+  TORCH_CHECK_VALUE(op.op_ == ::c10d::ReduceOp::SUM || op.op_ == ::c10d::ReduceOp::AVG, v.where(),
+                    "compressed all-reduce supports SUM and AVG only");
+  codecs::Codec codec;
+  try {
+    codec = codecs::codecFromName(codecName);
+  } catch (const InvalidUsageError& e) {
+    TORCH_CHECK_VALUE(false, v.where(), e.what());
+  }
+  const bool average = op.op_ == ::c10d::ReduceOp::AVG;
+  Contiguous c(tensor);
+  auto comm = comm_;
+  return submit(OpType::ALLREDUCE, "pycomm:all_reduce_compressed", {tensor}, [comm, c, codec, average] {
+    comm->allreduceCompressed(c.flat.data_ptr<float>(), c.flat.numel(), codec, average);
+    c.copyBack();
+  });
+}
+
 void PycommBackend::allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op) {
   Validator v(rank_, size_, "allreduce");
+  if (auto codec = compressionFor(tensor, &op)) {
+    Contiguous c(tensor);
+    comm_->allreduceCompressed(c.flat.data_ptr<float>(), c.flat.numel(), *codec, op.op_ == ::c10d::ReduceOp::AVG);
+    c.copyBack();
+    return;
+  }
   const ReduceSpec spec = v.reduceOp(op, tensor);
   const DataType dtype = v.reducible(tensor);
   Contiguous c(tensor);
@@ -390,8 +428,13 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& outp
   const Layout layout = movable(input);
   Contiguous in(input), out(output);
   auto comm = comm_;
-  return submit(OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", {output}, [comm, in, out, layout] {
-    comm->allgather(in.flat.data_ptr(), out.flat.data_ptr(), layout.count(in.flat), layout.dtype);
+  const auto codec = compressionFor(input, nullptr);
+  return submit(OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", {output}, [comm, in, out, layout, codec] {
+    if (codec) {
+      comm->allgatherCompressed(in.flat.data_ptr<float>(), out.flat.data_ptr<float>(), in.flat.numel(), *codec);
+    } else {
+      comm->allgather(in.flat.data_ptr(), out.flat.data_ptr(), layout.count(in.flat), layout.dtype);
+    }
     out.copyBack();
   });
 }
@@ -555,8 +598,15 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
   Contiguous in(input), out(output);
   auto comm = comm_;
   const int size = size_;
+  const auto codec = compressionFor(output, &opts.reduceOp);
   return submit(OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", {output},
-                [comm, in, out, spec, dtype, size] {
+                [comm, in, out, spec, dtype, size, codec] {
+                  if (codec) {
+                    comm->reduceScatterCompressed(in.flat.data_ptr<float>(), out.flat.data_ptr<float>(),
+                                                  out.flat.numel(), *codec, spec.average);
+                    out.copyBack();
+                    return;
+                  }
                   at::Tensor src = preScaled(in.flat, spec, false);
                   comm->reduceScatter(src.data_ptr(), out.flat.data_ptr(), out.flat.numel(), dtype, spec.op);
                   if (spec.average) applyAverage(out.flat, size);

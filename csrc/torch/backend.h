@@ -5,8 +5,10 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "core/communicator.h"
@@ -73,6 +75,11 @@ class PycommBackend final : public ::c10d::Backend {
 
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return comm_->sequenceNumber(); }
+  // An all-reduce compressed with `codec` ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2"), SUM or AVG.
+  c10::intrusive_ptr<::c10d::Work> allreduceCompressed(const at::Tensor& tensor, const ::c10d::ReduceOp& op,
+                                                       const std::string& codec);
+  std::map<std::string, Communicator::OpStats> stats() const { return comm_->stats(); }
+
   // Applies to every all-reduce issued after it, in issue order (so the same on every rank).
   void setAlgorithm(const std::string& name);
   void shutdown() override;
@@ -87,6 +94,8 @@ class PycommBackend final : public ::c10d::Backend {
                                               std::function<void()> body);
   void enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body);
   void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
+  // The group's codec if `t` and `op` qualify for compression (fp32, SUM or AVG).
+  std::optional<codecs::Codec> compressionFor(const at::Tensor& t, const ::c10d::ReduceOp* op) const;
 
   std::shared_ptr<Communicator> comm_;
   std::mutex coalesceMutex_;

@@ -1,8 +1,10 @@
 // The Python extension pycomm._C: the backend class (a c10d Backend, so torch can wrap it in a
 // ProcessGroup) and the few helpers the Python layer needs to fill a Config.
+#include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend.h"
+#include "core/codecs/block_codec.h"
 #include "core/error.h"
 #include "core/transport/tcp/socket.h"
 
@@ -41,6 +43,14 @@ Config parseConfig(int rank, int size, const py::dict& config) {
   c.chunkBytes = required<size_t>(config, "chunk_bytes");
   c.bucketBytes = required<size_t>(config, "bucket_bytes");
   c.logLevel = parseLogLevel(required<std::string>(config, "debug"));
+  const auto compression = required<std::string>(config, "compression");
+  if (compression != "none") {
+    try {
+      c.compression = pycomm::codecs::codecFromName(compression);
+    } catch (const pycomm::InvalidUsageError& e) {
+      throw py::value_error(e.what());
+    }
+  }
   auto model = required<py::dict>(config, "cost_model");
   auto cost = [&](const char* name, pycomm::AlgorithmCost& out) {
     if (!model.contains(name)) return;
@@ -69,7 +79,41 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("config"))
       .def("set_algorithm", &PycommBackend::setAlgorithm, py::arg("algorithm"),
-           "Use this all-reduce algorithm for the ops issued after this call.");
+           "Use this all-reduce algorithm for the ops issued after this call.")
+      .def("allreduce_compressed", &PycommBackend::allreduceCompressed, py::arg("tensor"), py::arg("op"),
+           py::arg("codec"), "All-reduce a float32 tensor compressed with codec (rounding twice).")
+      .def("stats", [](const PycommBackend& backend) {
+             py::dict out;
+             for (const auto& [key, s] : backend.stats()) {
+               py::dict entry;
+               entry["calls"] = s.calls;
+               entry["bytes_sent"] = s.bytesSent;
+               entry["bytes_received"] = s.bytesReceived;
+               entry["seconds"] = s.seconds;
+               out[py::str(key)] = entry;
+             }
+             return out;
+           }, "Counters per op and codec since the group was created.");
+
+  m.def("codec_encode", [](const std::string& name, const at::Tensor& x) {
+          TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.device().is_cpu(), "codec_encode needs a CPU float32 tensor");
+          const auto codec = pycomm::codecs::codecFromName(name);
+          at::Tensor flat = x.contiguous().view({-1});
+          at::Tensor out = at::empty({static_cast<int64_t>(pycomm::codecs::encodedBytes(codec, flat.numel()))},
+                                     at::TensorOptions().dtype(at::kByte));
+          pycomm::codecs::encode(codec, flat.data_ptr<float>(), flat.numel(), out.data_ptr<uint8_t>());
+          return out;
+        }, py::arg("codec"), py::arg("x"), "Encode a float32 tensor (flattened) with a pycomm codec.");
+  m.def("codec_decode", [](const std::string& name, const at::Tensor& encoded, int64_t count) {
+          TORCH_CHECK_TYPE(encoded.scalar_type() == at::kByte && encoded.device().is_cpu(), "codec_decode needs a CPU uint8 tensor");
+          const auto codec = pycomm::codecs::codecFromName(name);
+          TORCH_CHECK_VALUE(count >= 0 && static_cast<size_t>(encoded.numel()) == pycomm::codecs::encodedBytes(codec, count),
+                            "codec_decode: ", encoded.numel(), " bytes do not encode ", count, " elements");
+          at::Tensor in = encoded.contiguous();
+          at::Tensor out = at::empty({count}, at::TensorOptions().dtype(at::kFloat));
+          pycomm::codecs::decode(codec, in.data_ptr<uint8_t>(), count, out.data_ptr<float>());
+          return out;
+        }, py::arg("codec"), py::arg("encoded"), py::arg("count"), "Decode what codec_encode produced.");
 
   m.def("cuda_available", [] { return false; },
         "Whether this build of pycomm was compiled with CUDA support.");

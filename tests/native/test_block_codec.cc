@@ -445,6 +445,25 @@ void checkBlockCodecs(std::mt19937& rng) {
       bad += floatToBits(ab[i]) != floatToBits(bf16ToFloat(static_cast<uint16_t>(i)));
     }
     EXPECT_TRUE(bad == 0, "fp16/bf16 decode of every code vs half.h: ", bad, " mismatches");
+    // Every rounding boundary: midpoints of consecutive finite values (up to the overflow threshold)
+    // and their fp32 neighbours, both signs.
+    for (Codec c : {Codec::kFp16, Codec::kBf16}) {
+      const bool fp16 = c == Codec::kFp16;
+      const uint32_t top = fp16 ? 0x7bff : 0x7f7f;
+      std::vector<float> ties;
+      for (uint32_t h = 0; h <= top; ++h) {
+        const double a = fp16 ? fp16ToFloat(static_cast<uint16_t>(h)) : bf16ToFloat(static_cast<uint16_t>(h));
+        const double b = h < top ? (fp16 ? fp16ToFloat(static_cast<uint16_t>(h + 1))
+                                         : bf16ToFloat(static_cast<uint16_t>(h + 1)))
+                                 : std::ldexp(1.0, fp16 ? 16 : 128);
+        const float mid = static_cast<float>((a + b) / 2);
+        for (float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, kInf)}) {
+          ties.push_back(v);
+          ties.push_back(-v);
+        }
+      }
+      roundTrip(c, ties, rng, "rounding ties");
+    }
     std::uniform_int_distribution<uint32_t> anyBits;
     std::vector<float> r(1 << 20);
     for (float& v : r) v = bitsToFloat(anyBits(rng));

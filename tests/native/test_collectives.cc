@@ -4,6 +4,7 @@
 // leave the group usable, sends before receives do not deadlock, and a silent peer times out with
 // its rank named.
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -158,6 +159,48 @@ void checkAllreduceAlgorithms() {
   }
 }
 
+// Compressed all-reduce: every rank ends with the same bits, close to the exact sum.
+void checkCompressedAllreduce() {
+  for (codecs::Codec codec : {codecs::Codec::kFp16, codecs::Codec::kBf16, codecs::Codec::kFp8E4M3,
+                              codecs::Codec::kFp8E5M2}) {
+    const double bound = codec == codecs::Codec::kFp16 ? 1e-3 : codec == codecs::Codec::kBf16 ? 8e-3
+                         : codec == codecs::Codec::kFp8E4M3 ? 4.5e-2 : 9e-2;
+    for (int size : {1, 2, 3, 5}) {
+      MemoryStore store;
+      auto comms = makeGroup(size, store, 4096);
+      for (size_t count : {size_t{0}, size_t{1}, size_t{255}, size_t{257}, size_t{10007}}) {
+        std::vector<std::vector<float>> results(size);
+        runRanks(size, [&](int r) {
+          std::vector<float> buf(count);
+          for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(std::sin(0.1 * i + r)) * (r + 1);
+          comms[r]->allreduceCompressed(buf.data(), count, codec, false);
+          results[r] = buf;
+        });
+        double err = 0, norm = 0;
+        for (size_t i = 0; i < count; ++i) {
+          double exact = 0;
+          for (int q = 0; q < size; ++q) exact += std::sin(0.1 * i + q) * (q + 1);
+          err += (results[0][i] - exact) * (results[0][i] - exact);
+          norm += exact * exact;
+          for (int q = 1; q < size; ++q) {
+            EXPECT_TRUE(std::memcmp(&results[q][i], &results[0][i], 4) == 0, codecs::codecName(codec),
+                        " ranks differ at ", i);
+          }
+        }
+        // A relative L2 bound means something over many elements; a handful can cancel to ~0.
+        if (count >= 255) {
+          EXPECT_TRUE(std::sqrt(err / norm) <= bound, codecs::codecName(codec), " size ", size, " count ", count,
+                      " relative error ", std::sqrt(err / norm));
+        }
+      }
+      const auto stats = comms[0]->stats();
+      if (size > 1) {
+        EXPECT_TRUE(stats.count(std::string("allreduce/") + codecs::codecName(codec)) == 1, "stats key");
+      }
+    }
+  }
+}
+
 void checkMismatchAndRecovery() {
   MemoryStore store;
   const int size = 3;
@@ -214,6 +257,7 @@ int main() {
   for (int size : {1, 2, 3, 4, 5}) checkCollectives(size, 4096);
   checkCollectives(3, 64);  // many chunks per segment
   checkAllreduceAlgorithms();
+  checkCompressedAllreduce();
   checkMismatchAndRecovery();
   checkSendBeforeReceive();
   checkTimeoutNamesPeer();

@@ -23,11 +23,13 @@ transport::FrameInfo Op::info(uint32_t slot) const {
 }
 
 std::shared_ptr<Request> Op::send(int peer, uint32_t slot, const void* data, size_t nbytes) {
+  bytesSent_ += nbytes;
   requests_.push_back(transport_.isend(peer, info(slot), data, nbytes));
   return requests_.back();
 }
 
 std::shared_ptr<Request> Op::recv(int peer, uint32_t slot, void* data, size_t nbytes) {
+  bytesReceived_ += nbytes;
   requests_.push_back(transport_.irecv(peer, info(slot), data, nbytes));
   return requests_.back();
 }

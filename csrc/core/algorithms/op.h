@@ -40,6 +40,9 @@ class Op {
 
   // Called after the algorithm returned: waits for what is still pending and retires the op.
   void finish();
+  uint64_t bytesSent() const { return bytesSent_; }
+  uint64_t bytesReceived() const { return bytesReceived_; }
+
   // Called when the algorithm threw `message`: reports it to the peers and detaches every request.
   void fail(const std::string& message);
 
@@ -53,12 +56,15 @@ class Op {
   const Clock::time_point deadline_;
   const std::chrono::milliseconds timeout_;  // for messages
   std::vector<std::shared_ptr<Request>> requests_;
+  uint64_t bytesSent_ = 0;
+  uint64_t bytesReceived_ = 0;
 };
 
 // Splits `count` elements into `parts` contiguous segments whose sizes differ by at most one.
 struct Segments {
   Segments(size_t count, int parts);
   Segments(size_t countPerPart, int parts, bool /*equal*/);
+  explicit Segments(std::vector<size_t> offsets) : offsets_(std::move(offsets)) {}
   size_t offset(int i) const { return offsets_[i]; }
   size_t length(int i) const { return offsets_[i + 1] - offsets_[i]; }
   size_t maxLength() const;

@@ -28,6 +28,8 @@ std::string OpSignature::describe() const {
     out += strCat(" (op ", reduceOpName(static_cast<ReduceOp>(reduceOp)), ")");
   }
   if (root >= 0) out += strCat(" with root ", root);
+  static const char* const kCodecs[] = {"fp16", "bf16", "fp8_e4m3", "fp8_e5m2"};
+  if (codec > 0 && codec <= 4) out += strCat(" compressed as ", kCodecs[codec - 1]);
   return out;
 }
 
@@ -40,6 +42,7 @@ FrameHeader makeHeader(FrameKind kind, const FrameInfo& info, uint64_t nbytes) {
   h.opKind = static_cast<uint8_t>(info.signature.kind);
   h.dtype = info.signature.dtype;
   h.reduceOp = info.signature.reduceOp;
+  h.codec = info.signature.codec;
   h.root = info.signature.root;
   h.seq = info.seq;
   h.slot = info.slot;
@@ -53,6 +56,7 @@ OpSignature signatureOf(const FrameHeader& h) {
   s.kind = static_cast<OpKind>(h.opKind);
   s.dtype = h.dtype;
   s.reduceOp = h.reduceOp;
+  s.codec = h.codec;
   s.root = h.root;
   s.count = h.count;
   return s;
@@ -71,6 +75,7 @@ std::string validateHeader(const FrameHeader& h) {
   }
   if (h.opKind > static_cast<uint8_t>(OpKind::kSend)) return strCat("unknown op kind ", int(h.opKind));
   if (h.dtype >= static_cast<uint8_t>(DataType::kCount)) return strCat("unknown dtype ", int(h.dtype));
+  if (h.codec > 4) return strCat("unknown codec ", int(h.codec));
   if (h.nbytes > kMaxFrameBytes) return strCat("frame of ", h.nbytes, " bytes exceeds the limit");
   return {};
 }

@@ -39,12 +39,13 @@ struct OpSignature {
   OpKind kind = OpKind::kNone;
   uint8_t dtype = 0;
   uint8_t reduceOp = 0;
+  uint8_t codec = 0;  // 0: uncompressed; 1 + codecs::Codec otherwise
   int32_t root = -1;
   uint64_t count = 0;  // elements per rank as the op defines it (0 where counts may differ)
 
   bool operator==(const OpSignature& o) const {
-    return kind == o.kind && dtype == o.dtype && reduceOp == o.reduceOp && root == o.root &&
-           count == o.count;
+    return kind == o.kind && dtype == o.dtype && reduceOp == o.reduceOp && codec == o.codec &&
+           root == o.root && count == o.count;
   }
   bool operator!=(const OpSignature& o) const { return !(*this == o); }
   std::string describe() const;
@@ -59,7 +60,8 @@ struct FrameHeader {
   uint8_t opKind;   // OpKind
   uint8_t dtype;
   uint8_t reduceOp;
-  uint16_t reserved;
+  uint8_t codec;
+  uint8_t reserved;
   int32_t root;
   uint64_t seq;  // collective: op sequence number; p2p: user tag
   uint32_t slot; // collective: step and chunk index within the op
