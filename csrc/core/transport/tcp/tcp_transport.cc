@@ -25,6 +25,13 @@ std::exception_ptr remoteError(const std::string& message) {
   return std::make_exception_ptr(RemoteError(message));
 }
 
+std::string describeFrame(const FrameHeader& h) {
+  return strCat(h.kind == static_cast<uint8_t>(FrameKind::kError) ? "error" : "data",
+                h.channel == static_cast<uint8_t>(Channel::kP2P) ? " p2p tag=" : " seq=", h.seq,
+                " slot=", h.slot, " op=", opKindName(static_cast<OpKind>(h.opKind)), " count=", h.count,
+                " bytes=", h.nbytes);
+}
+
 }  // namespace
 
 TcpTransport::TcpTransport(const TcpOptions& options, Store& store)
@@ -84,6 +91,9 @@ std::shared_ptr<Request> TcpTransport::isend(int peer, const FrameInfo& info, co
     }
     OutgoingFrame frame{makeHeader(FrameKind::kData, info, nbytes),
                         static_cast<const uint8_t*>(data), nbytes, 0, request, {}};
+    if (logger_.enabled(LogLevel::kTrace)) {
+      logger_.log(LogLevel::kTrace, strCat(" send to peer ", peer, ": ", describeFrame(frame.header)));
+    }
     p.sendQueue.push_back(std::move(frame));
     // Write from this thread when nothing is queued ahead: it saves waking the loop, which matters
     // for small messages. What the socket does not take now, the loop writes when it can.
@@ -446,6 +456,9 @@ bool TcpTransport::readSome(Peer& peer) {
 void TcpTransport::onHeader(Peer& peer) {
   const FrameHeader& h = peer.header;
   std::string malformed = validateHeader(h);
+  if (logger_.enabled(LogLevel::kTrace)) {
+    logger_.log(LogLevel::kTrace, strCat(" recv from peer ", peer.rank, ": ", describeFrame(h)));
+  }
   if (malformed.empty() && h.kind == static_cast<uint8_t>(FrameKind::kError) && h.nbytes > kMaxErrorText) {
     malformed = "error report too long";
   }
