@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import torch  # noqa: F401  (loads libtorch, which the extension links against)
+
 from pycomm import _C
 from pycomm.backend import register
 from pycomm import hooks

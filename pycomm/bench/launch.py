@@ -1,0 +1,106 @@
+"""Where the ranks come from: spawned locally, or already there (torchrun)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+from pycomm.bench.config import BenchConfig
+from pycomm.bench.runner import EXIT_FAIL, run_rank, spawn_entry
+
+# How long surviving ranks get to finish on their own once one rank died
+# (they may be blocked in a collective with it) before they are terminated.
+_GRACE_S = 5.0
+
+
+def under_torchrun() -> bool:
+    """torchrun (or any launcher speaking its env protocol) started us."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_existing_rank(config: BenchConfig) -> int:
+    """This process is one rank of a launcher-provided job (any hosts)."""
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    code, message = run_rank(rank, world, local_world, config)
+    if message:
+        print(f"pycomm.bench: error: rank {rank}: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def run_local(config: BenchConfig, nproc: int) -> int:
+    """Spawn ``nproc`` ranks on this host and wait for them.
+
+    The launcher serves the rendezvous TCPStore itself on an OS-chosen port:
+    nothing to race for, and it outlives any single rank.
+    """
+    import torch.distributed as dist  # deferred: keeps `--help` fast
+
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", 0, nproc, is_master=True, timeout=timedelta(seconds=config.timeout_s), wait_for_workers=False
+    )
+    ctx = mp.get_context("spawn")  # fork is unsafe once torch has threads
+    results = ctx.Queue()
+    store_addr = ("127.0.0.1", store.port)
+    procs = [
+        ctx.Process(target=spawn_entry, args=(rank, nproc, config, store_addr, results), name=f"rank{rank}")
+        for rank in range(nproc)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        _wait(procs)
+    except KeyboardInterrupt:
+        _terminate(procs)
+        return 130
+    messages: dict[int, str | None] = {}
+    while not results.empty():
+        rank, _code, message = results.get()
+        messages[rank] = message
+    codes = [proc.exitcode for proc in procs]
+    # Ranks that died without a word (killed, a crash in a backend) first:
+    # they are usually the cause of the others' errors.
+    for rank, code in enumerate(codes):
+        if code not in (0, None) and rank not in messages:
+            how = f"signal {-code}" if code < 0 else f"exit {code}"
+            print(f"pycomm.bench: error: rank {rank} died ({how})", file=sys.stderr, flush=True)
+    # Then one line per distinct problem: ranks usually fail for one reason.
+    seen: set[str] = set()
+    for rank in sorted(messages):
+        message = messages[rank]
+        if message and message not in seen:
+            seen.add(message)
+            print(f"pycomm.bench: error: {message}", file=sys.stderr, flush=True)
+    if all(code == 0 for code in codes):
+        return 0
+    rank0 = codes[0]
+    return rank0 if rank0 is not None and rank0 > 0 else EXIT_FAIL
+
+
+def _wait(procs: Sequence[mp.process.BaseProcess]) -> None:
+    """Join all ranks; once one fails, give the rest a grace period."""
+    deadline: float | None = None
+    while any(proc.is_alive() for proc in procs):
+        for proc in procs:
+            proc.join(timeout=0.05)
+        if deadline is None and any(proc.exitcode not in (None, 0) for proc in procs):
+            deadline = time.monotonic() + _GRACE_S
+        if deadline is not None and time.monotonic() > deadline:
+            _terminate(procs)
+            return
+
+
+def _terminate(procs: Sequence[mp.process.BaseProcess]) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
