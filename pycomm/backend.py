@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 from typing import Any
 
 import torch.distributed as dist
@@ -51,6 +52,26 @@ def bind_address(options: Options, store: Any) -> str:
     return _C.local_address_toward(host)
 
 
+def host_id() -> str:
+    """Ranks with the same id share memory: same machine, same boot, same network namespace (two
+    namespaces on one machine are two hosts to us, as they are to the network). PYCOMM_HOST_ID
+    overrides it."""
+    explicit = os.environ.get("PYCOMM_HOST_ID")
+    if explicit:
+        return explicit
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id",):
+        try:
+            parts.append(open(path).read().strip())
+        except OSError:
+            pass
+    try:
+        parts.append(os.readlink("/proc/self/ns/net"))
+    except OSError:
+        pass
+    return "/".join(parts)
+
+
 def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
     """The creator torch calls for every process group of backend "pycomm"."""
     if pg_options is None:
@@ -64,6 +85,8 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         "group_name": str(dist_options.group_id or ""),
         "bind_host": bind_address(options, store),
         "algorithm": options.algorithm,
+        "transport": options.transport,
+        "host_id": host_id(),
         "compression": options.compression,
         "chunk_bytes": options.chunk_bytes,
         "bucket_bytes": options.bucket_bytes,

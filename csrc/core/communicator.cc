@@ -74,12 +74,48 @@ Communicator::Communicator(const Config& config, Store& store)
   options.timeout = config.timeout;
   options.logger = logger_;
   transport_ = std::make_unique<transport::tcp::TcpTransport>(options, store);
+  if (config.transport == TransportKind::kAuto && config.size > 1) setupSharedMemory(store);
   worker_ = std::thread([this] { workerLoop(); });
   logger_.log(LogLevel::kInfo, strCat("connected over ", transport_->name(), ", listening on ",
                                       config.bindHost, ", chunk ", config.chunkBytes, " B"));
 }
 
 Communicator::~Communicator() { shutdown(); }
+
+void Communicator::setupSharedMemory(Store& store) {
+  const std::string mine = config_.hostId;
+  store.set(strCat("pycomm/host/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  for (int q = 0; q < size(); ++q) {
+    auto theirs = store.get(strCat("pycomm/host/", q), timeout());
+    if (mine.empty() || std::string(theirs.begin(), theirs.end()) != mine) return;  // not all on one host
+  }
+  shm_ = std::make_unique<algorithms::ShmGroup>(
+      rank(), size(), config_.shmSlotBytes,
+      [&](const std::string& name) { store.set("pycomm/shm", std::vector<uint8_t>(name.begin(), name.end())); },
+      [&] {
+        auto name = store.get("pycomm/shm", timeout());
+        return std::string(name.begin(), name.end());
+      },
+      [&] { barrier(); });  // shm_ is still null here, so this barrier runs over TCP
+  logger_.log(LogLevel::kInfo, "all ranks share this host: collectives use shared memory");
+}
+
+template <typename Body>
+bool Communicator::runShm(OpSignature signature, const char* algorithm, Body body) {
+  if (!shm_ || shmBroken_) return false;
+  try {
+    runCollective(signature, algorithm, [&](Op& o) {
+      algorithms::ShmWait wait{o.deadline(), o.context(),
+                               [this](int q) { return transport_->peerFailure(q); }};
+      body(wait);
+    }, "shm");
+  } catch (const std::exception&) {
+    // The ranks may now disagree on the segment's state; later ops take the sockets.
+    shmBroken_ = true;
+    throw;
+  }
+  return true;
+}
 
 std::string Communicator::prefix() const { return strCat("[rank ", rank(), "/", size(), "]"); }
 
@@ -154,11 +190,13 @@ uint8_t* Communicator::scratch(size_t bytes) {
 }
 
 template <typename Body>
-void Communicator::runCollective(OpSignature signature, const char* algorithm, Body body) {
+void Communicator::runCollective(OpSignature signature, const char* algorithm, Body body,
+                                 const char* transportName) {
   const uint64_t seq = ++seq_;
   const auto start = Clock::now();
+  if (transportName == nullptr) transportName = transport_->name();
   Op op(*transport_, seq, signature, strCat(prefix(), " ", transport::opKindName(signature.kind), "/",
-                                            algorithm, " ", transport_->name(), " seq=", seq),
+                                            algorithm, " ", transportName, " seq=", seq),
         start + timeout(), timeout());
   try {
     body(op);
@@ -175,7 +213,7 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
     logger_.log(LogLevel::kInfo,
                 strCat(" seq=", seq, " ", transport::opKindName(signature.kind), " ",
                        signature.count * elementSize(static_cast<DataType>(signature.dtype)), " B ",
-                       algorithm, " ", transport_->name(), " sent ", op.bytesSent(), " B ", us, " us"));
+                       algorithm, " ", transportName, " sent ", op.bytesSent(), " B ", us, " us"));
   }
 }
 
@@ -205,7 +243,12 @@ void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
   if (algorithm == Algorithm::kAuto) algorithm = algorithms::chooseAllreduce(config_.costModel, nbytes, size());
   const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
   auto* buf = static_cast<uint8_t*>(data);
-  runCollective(makeSignature(OpKind::kAllreduce, dtype, op, -1, count), algorithmName(algorithm), [&](Op& o) {
+  const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
+  if (runShm(signature, nbytes <= algorithms::ShmGroup::kShortAllreduceBytes ? "shm-all" : "shm-slices",
+             [&](const algorithms::ShmWait& w) { shm_->allreduce(data, count, dtype, op, signature, w); })) {
+    return;
+  }
+  runCollective(signature, algorithmName(algorithm), [&](Op& o) {
     if (size() == 1) return;
     switch (algorithm) {
       case Algorithm::kTree:
@@ -230,7 +273,11 @@ void Communicator::broadcast(void* data, size_t count, DataType dtype, int root)
   const size_t nbytes = count * elementSize(dtype);
   // Short messages: log2 p hops of a binomial tree; long ones: the pipelined chain, at link speed.
   const bool shortMessage = nbytes <= kShortMessageBytes;
-  runCollective(makeSignature(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count),
+  const OpSignature signature = makeSignature(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count);
+  if (runShm(signature, "shm", [&](const algorithms::ShmWait& w) { shm_->broadcast(data, nbytes, root, signature, w); })) {
+    return;
+  }
+  runCollective(signature,
                 shortMessage ? "binomial" : "chain", [&](Op& o) {
                   if (size() == 1) return;
                   if (shortMessage) {
@@ -282,7 +329,13 @@ void Communicator::reduce(void* data, size_t count, DataType dtype, ReduceOp op,
 }
 
 void Communicator::allgather(const void* in, void* out, size_t count, DataType dtype) {
-  runCollective(makeSignature(OpKind::kAllgather, dtype, ReduceOp::kSum, -1, count), "ring", [&](Op& o) {
+  const OpSignature signature = makeSignature(OpKind::kAllgather, dtype, ReduceOp::kSum, -1, count);
+  if (runShm(signature, "shm", [&](const algorithms::ShmWait& w) {
+        shm_->allgather(in, out, count * elementSize(dtype), signature, w);
+      })) {
+    return;
+  }
+  runCollective(signature, "ring", [&](Op& o) {
     const size_t esize = elementSize(dtype);
     auto* dst = static_cast<uint8_t*>(out);
     if (count > 0 && dst + rank() * count * esize != in) {
@@ -296,7 +349,13 @@ void Communicator::allgather(const void* in, void* out, size_t count, DataType d
 void Communicator::reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
   PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " reduce_scatter: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
-  runCollective(makeSignature(OpKind::kReduceScatter, dtype, op, -1, count), "ring", [&](Op& o) {
+  const OpSignature signature = makeSignature(OpKind::kReduceScatter, dtype, op, -1, count);
+  if (runShm(signature, "shm", [&](const algorithms::ShmWait& w) {
+        shm_->reduceScatter(in, out, count, dtype, op, signature, w);
+      })) {
+    return;
+  }
+  runCollective(signature, "ring", [&](Op& o) {
     const size_t esize = elementSize(dtype);
     const size_t bytes = count * esize * size();
     Segments segments(count, size(), true);
@@ -387,7 +446,9 @@ void Communicator::allgatherCompressed(const float* in, float* out, size_t count
 }
 
 void Communicator::barrier() {
-  runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0),
+  const OpSignature signature = makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0);
+  if (runShm(signature, "shm", [&](const algorithms::ShmWait& w) { shm_->barrier(signature, w); })) return;
+  runCollective(signature,
                 "dissemination", [&](Op& o) { algorithms::disseminationBarrier(o); });
 }
 

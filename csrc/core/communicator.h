@@ -23,6 +23,7 @@
 #include "config.h"
 #include "dtype.h"
 #include "store.h"
+#include "algorithms/shm_collectives.h"
 #include "transport/transport.h"
 
 namespace pycomm {
@@ -98,7 +99,12 @@ class Communicator {
 
  private:
   template <typename Body>
-  void runCollective(transport::OpSignature signature, const char* algorithm, Body body);
+  void runCollective(transport::OpSignature signature, const char* algorithm, Body body,
+                     const char* transportName = nullptr);
+  // Runs `body` over shared memory if this group has it; on failure the group falls back to TCP.
+  template <typename Body>
+  bool runShm(transport::OpSignature signature, const char* algorithm, Body body);
+  void setupSharedMemory(Store& store);
   uint8_t* scratch(size_t bytes);
   void workerLoop();
   std::string prefix() const;
@@ -106,6 +112,8 @@ class Communicator {
   Config config_;
   Logger logger_;
   std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<algorithms::ShmGroup> shm_;  // ranks all on one host; null otherwise
+  bool shmBroken_ = false;                     // worker thread only
   std::atomic<int64_t> timeoutMs_;
   std::atomic<uint64_t> seq_{0};    // written by the worker thread only
   std::vector<uint8_t> scratch_;    // worker thread only

@@ -13,6 +13,8 @@
 namespace pycomm {
 
 enum class Algorithm { kAuto, kRing, kTree, kRhd };
+// auto: shared memory among ranks on one host, TCP otherwise; tcp: sockets everywhere.
+enum class TransportKind { kAuto, kTcp };
 
 // Fitted constants of one all-reduce algorithm: seconds per step and per byte a rank moves.
 struct AlgorithmCost {
@@ -37,6 +39,11 @@ struct Config {
   std::chrono::milliseconds timeout{300000};
   // Address to listen on; the adapter resolves it from the interface or the rendezvous host.
   std::string bindHost = "127.0.0.1";
+  TransportKind transport = TransportKind::kAuto;
+  // Ranks with equal host ids share memory (the Python layer derives it from the host, its boot and
+  // its network namespace; PYCOMM_HOST_ID overrides).
+  std::string hostId;
+  size_t shmSlotBytes = 1024 * 1024;
   Algorithm algorithm = Algorithm::kAuto;
   // Pipelining grain: large ops are cut into chunks of this many bytes (measured default).
   size_t chunkBytes = 512 * 1024;

@@ -41,6 +41,15 @@ Config parseConfig(int rank, int size, const py::dict& config) {
     throw py::value_error(e.what());
   }
   c.chunkBytes = required<size_t>(config, "chunk_bytes");
+  const auto transport = required<std::string>(config, "transport");
+  if (transport == "auto") {
+    c.transport = pycomm::TransportKind::kAuto;
+  } else if (transport == "tcp") {
+    c.transport = pycomm::TransportKind::kTcp;
+  } else {
+    throw py::value_error("unknown transport '" + transport + "' (valid: auto, tcp)");
+  }
+  c.hostId = required<std::string>(config, "host_id");
   c.bucketBytes = required<size_t>(config, "bucket_bytes");
   c.logLevel = parseLogLevel(required<std::string>(config, "debug"));
   const auto compression = required<std::string>(config, "compression");

@@ -22,7 +22,8 @@ int64_t value(int rank, size_t i) { return static_cast<int64_t>((i * 7 + rank * 
 
 std::vector<std::unique_ptr<Communicator>> makeGroup(int size, MemoryStore& store, size_t chunkBytes,
                                                      std::chrono::milliseconds timeout = std::chrono::seconds(20),
-                                                     Algorithm algorithm = Algorithm::kAuto) {
+                                                     Algorithm algorithm = Algorithm::kAuto,
+                                                     const std::string& hostId = "") {
   std::vector<std::unique_ptr<Communicator>> comms(size);
   runRanks(size, [&](int r) {
     Config config;
@@ -31,14 +32,16 @@ std::vector<std::unique_ptr<Communicator>> makeGroup(int size, MemoryStore& stor
     config.timeout = timeout;
     config.chunkBytes = chunkBytes;
     config.algorithm = algorithm;
+    config.hostId = hostId;
+    config.shmSlotBytes = 4096;  // small slots: many steps per op
     comms[r] = std::make_unique<Communicator>(config, store);
   });
   return comms;
 }
 
-void checkCollectives(int size, size_t chunkBytes) {
+void checkCollectives(int size, size_t chunkBytes, const std::string& hostId = "") {
   MemoryStore store;
-  auto comms = makeGroup(size, store, chunkBytes);
+  auto comms = makeGroup(size, store, chunkBytes, std::chrono::seconds(20), Algorithm::kAuto, hostId);
   for (size_t count : {size_t{0}, size_t{1}, size_t{2}, size_t{13}, size_t{1031}, size_t{65537}}) {
     runRanks(size, [&](int r) {
       Communicator& c = *comms[r];
@@ -201,10 +204,10 @@ void checkCompressedAllreduce() {
   }
 }
 
-void checkMismatchAndRecovery() {
+void checkMismatchAndRecovery(const std::string& hostId) {
   MemoryStore store;
   const int size = 3;
-  auto comms = makeGroup(size, store, 1024);
+  auto comms = makeGroup(size, store, 1024, std::chrono::seconds(20), Algorithm::kAuto, hostId);
   std::atomic<int> failed{0};
   runRanks(size, [&](int r) {
     std::vector<float> buf(r == 1 ? 12 : 10, 1.0f);
@@ -258,7 +261,9 @@ int main() {
   checkCollectives(3, 64);  // many chunks per segment
   checkAllreduceAlgorithms();
   checkCompressedAllreduce();
-  checkMismatchAndRecovery();
+  checkMismatchAndRecovery("");
+  checkMismatchAndRecovery("one-host");  // over shared memory
+  for (int size : {2, 3, 4}) checkCollectives(size, 4096, "one-host");
   checkSendBeforeReceive();
   checkTimeoutNamesPeer();
   return pycomm::testing::finish("test_collectives");

@@ -31,6 +31,7 @@ class Op {
   int size() const { return transport_.size(); }
   const std::string& context() const { return context_; }
   uint64_t seq() const { return seq_; }
+  Clock::time_point deadline() const { return deadline_; }
 
   std::shared_ptr<Request> send(int peer, uint32_t slot, const void* data, size_t nbytes);
   std::shared_ptr<Request> recv(int peer, uint32_t slot, void* data, size_t nbytes);

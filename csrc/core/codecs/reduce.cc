@@ -189,6 +189,47 @@ void reduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
   throw InvalidUsageError(strCat("reduce: unsupported op ", static_cast<int>(op)));
 }
 
+namespace {
+
+// Half types: widen every source into an fp32 block accumulator, round once at the end.
+template <typename Op, float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
+void reduceManyHalf(uint16_t* dst, const void* const* srcs, size_t nsrcs, size_t count) {
+  constexpr size_t kBlock = 1024;
+  float acc[kBlock];
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t n = std::min(kBlock, count - base);
+    const auto* first = static_cast<const uint16_t*>(srcs[0]) + base;
+    for (size_t i = 0; i < n; ++i) acc[i] = toFloat(first[i]);
+    for (size_t s = 1; s < nsrcs; ++s) {
+      const auto* src = static_cast<const uint16_t*>(srcs[s]) + base;
+      for (size_t i = 0; i < n; ++i) acc[i] = Op::apply(acc[i], toFloat(src[i]));
+    }
+    for (size_t i = 0; i < n; ++i) dst[base + i] = fromFloat(acc[i]);
+  }
+}
+
+template <float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
+bool reduceManyHalfDispatch(void* dst, const void* const* srcs, size_t nsrcs, size_t count, ReduceOp op) {
+  auto* d = static_cast<uint16_t*>(dst);
+  switch (op) {
+    case ReduceOp::kSum: reduceManyHalf<Sum, toFloat, fromFloat>(d, srcs, nsrcs, count); return true;
+    case ReduceOp::kProduct: reduceManyHalf<Product, toFloat, fromFloat>(d, srcs, nsrcs, count); return true;
+    case ReduceOp::kMin: reduceManyHalf<Min, toFloat, fromFloat>(d, srcs, nsrcs, count); return true;
+    case ReduceOp::kMax: reduceManyHalf<Max, toFloat, fromFloat>(d, srcs, nsrcs, count); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+void reduceMany(void* dst, const void* const* srcs, size_t nsrcs, size_t count, DataType dtype, ReduceOp op) {
+  if (count == 0 || nsrcs == 0) return;
+  if (dtype == DataType::kFloat16 && reduceManyHalfDispatch<fp16ToFloat, floatToFp16>(dst, srcs, nsrcs, count, op)) return;
+  if (dtype == DataType::kBFloat16 && reduceManyHalfDispatch<bf16ToFloat, floatToBf16>(dst, srcs, nsrcs, count, op)) return;
+  std::memcpy(dst, srcs[0], count * elementSize(dtype));
+  for (size_t s = 1; s < nsrcs; ++s) reduceInto(dst, srcs[s], count, dtype, op);
+}
+
 void scaleBuffer(void* buf, size_t count, DataType dtype, double factor) {
   switch (dtype) {
     case DataType::kFloat32: {

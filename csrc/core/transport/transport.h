@@ -45,6 +45,9 @@ class Transport {
   // Every collective up to and including `seq` is over on this rank: late frames for them are dropped.
   virtual void retire(uint64_t seq) = 0;
 
+  // The error that ended the connection to `peer`, or null while it is alive.
+  virtual std::exception_ptr peerFailure(int peer) = 0;
+
   // Fails everything pending and stops all I/O; later calls fail at once. Idempotent.
   virtual void abort(const std::string& reason) = 0;
 };

@@ -251,6 +251,12 @@ void TcpTransport::retire(uint64_t seq) {
   failedSeqs_.erase(failedSeqs_.begin(), failedSeqs_.upper_bound(retiredSeq_));
 }
 
+std::exception_ptr TcpTransport::peerFailure(int peer) {
+  std::lock_guard<std::mutex> lock(matchMutex_);
+  if (aborted_) return aborted_;
+  return peer >= 0 && peer < size_ && peers_[peer] ? peers_[peer]->failure : nullptr;
+}
+
 void TcpTransport::abort(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(abortMutex_);

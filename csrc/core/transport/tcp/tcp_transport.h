@@ -47,6 +47,7 @@ class TcpTransport final : public Transport {
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override;
   void reportFailure(uint64_t seq, const std::string& message) override;
   void retire(uint64_t seq) override;
+  std::exception_ptr peerFailure(int peer) override;
   void abort(const std::string& reason) override;
 
  private:

@@ -1,0 +1,174 @@
+#include "shm_collectives.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "../codecs/reduce.h"
+#include "../error.h"
+#include "op.h"
+
+namespace pycomm::algorithms {
+namespace {
+
+size_t alignUp(size_t n) { return (n + 4095) & ~size_t{4095}; }
+
+}  // namespace
+
+ShmGroup::ShmGroup(int rank, int size, size_t slotBytes,
+                   const std::function<void(const std::string&)>& publishName,
+                   const std::function<std::string()>& fetchName, const std::function<void()>& allMapped)
+    : rank_(rank), size_(size), slotBytes_(alignUp(slotBytes)) {
+  const size_t bytes = alignUp(sizeof(Control) * size) + size * 4 * slotBytes_;
+  if (rank == 0) {
+    segment_ = transport::shm::Segment::create(bytes);
+    for (int q = 0; q < size; ++q) new (segment_.data() + q * sizeof(Control)) Control();
+    publishName(segment_.name());
+  } else {
+    segment_ = transport::shm::Segment::open(fetchName(), bytes);
+  }
+  allMapped();
+  segment_.unlink();
+}
+
+ShmGroup::Control& ShmGroup::control(int q) const {
+  return *reinterpret_cast<Control*>(segment_.data() + q * sizeof(Control));
+}
+
+uint8_t* ShmGroup::input(int q, uint32_t epoch) const {
+  return segment_.data() + alignUp(sizeof(Control) * size_) + (q * 4 + (epoch % 2)) * slotBytes_;
+}
+
+uint8_t* ShmGroup::result(int q, uint32_t epoch) const {
+  return segment_.data() + alignUp(sizeof(Control) * size_) + (q * 4 + 2 + (epoch % 2)) * slotBytes_;
+}
+
+void ShmGroup::waitAll(Flag flag, uint32_t target, const ShmWait& wait, const char* what) {
+  for (int q = 0; q < size_; ++q) {
+    Control& c = control(q);
+    transport::shm::SharedFlag& f = flag == Flag::kReady ? c.ready : flag == Flag::kReduced ? c.reduced : c.consumed;
+    while (!transport::shm::waitAtLeast(f, target, std::chrono::milliseconds(2))) {
+      if (q != rank_) {
+        if (auto failure = wait.peerFailure(q)) std::rethrow_exception(failure);
+      }
+      PYCOMM_CHECK(Clock::now() < wait.deadline, TimeoutError, wait.context, ": timed out waiting for peer ", q,
+                   " (shared memory, ", what, ")");
+    }
+  }
+}
+
+uint32_t ShmGroup::begin(const OpSignature& sig, const ShmWait& wait) {
+  const uint32_t epoch = ++epoch_;
+  // This parity's slots were last used two steps ago; every rank must be done reading them.
+  waitAll(Flag::kConsumed, epoch - 2, wait, "slots to be free");
+  control(rank_).signature[epoch % 2] = sig;
+  return epoch;
+}
+
+void ShmGroup::arrive(uint32_t epoch, const ShmWait& wait) {
+  transport::shm::publish(control(rank_).ready, epoch);
+  waitAll(Flag::kReady, epoch, wait, "inputs");
+  const OpSignature& mine = control(rank_).signature[epoch % 2];
+  for (int q = 0; q < size_; ++q) {
+    const OpSignature& theirs = control(q).signature[epoch % 2];
+    PYCOMM_CHECK(theirs == mine, InvalidUsageError, wait.context, ": mismatched collectives across ranks: rank ",
+                 rank_, " runs ", mine.describe(), " but rank ", q, " runs ", theirs.describe());
+  }
+}
+
+void ShmGroup::finish(uint32_t epoch) { transport::shm::publish(control(rank_).consumed, epoch); }
+
+void ShmGroup::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig,
+                         const ShmWait& wait) {
+  const size_t esize = elementSize(dtype);
+  const size_t chunkElems = std::max<size_t>(1, slotBytes_ / esize);
+  const size_t chunks = std::max<size_t>(1, (count + chunkElems - 1) / chunkElems);
+  const bool shortMessage = count * esize <= kShortAllreduceBytes;
+  auto* bytes = static_cast<uint8_t*>(data);
+  std::vector<const void*> sources(size_);
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t offset = k * chunkElems;
+    const size_t n = std::min(chunkElems, count - std::min(count, offset));
+    uint8_t* mine = bytes + offset * esize;
+    const uint32_t e = begin(sig, wait);
+    if (n > 0) std::memcpy(input(rank_, e), mine, n * esize);
+    arrive(e, wait);
+    if (shortMessage) {
+      // Every rank reduces all inputs in rank order: identical bits everywhere, one sync.
+      for (int q = 0; q < size_; ++q) sources[q] = input(q, e);
+      codecs::reduceMany(mine, sources.data(), size_, n, dtype, op);
+    } else {
+      Segments slices(n, size_);
+      const size_t so = slices.offset(rank_) * esize;
+      for (int q = 0; q < size_; ++q) sources[q] = input(q, e) + so;
+      codecs::reduceMany(result(rank_, e) + so, sources.data(), size_, slices.length(rank_), dtype, op);
+      transport::shm::publish(control(rank_).reduced, e);
+      waitAll(Flag::kReduced, e, wait, "reduced slices");
+      for (int q = 0; q < size_; ++q) {
+        const size_t qo = slices.offset(q) * esize;
+        std::memcpy(mine + qo, result(q, e) + qo, slices.length(q) * esize);
+      }
+    }
+    finish(e);
+  }
+}
+
+void ShmGroup::broadcast(void* data, size_t nbytes, int root, const OpSignature& sig, const ShmWait& wait) {
+  auto* bytes = static_cast<uint8_t*>(data);
+  const size_t chunks = std::max<size_t>(1, (nbytes + slotBytes_ - 1) / slotBytes_);
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t offset = k * slotBytes_;
+    const size_t n = std::min(slotBytes_, nbytes - std::min(nbytes, offset));
+    const uint32_t e = begin(sig, wait);
+    if (rank_ == root && n > 0) std::memcpy(input(root, e), bytes + offset, n);
+    arrive(e, wait);
+    if (rank_ != root && n > 0) std::memcpy(bytes + offset, input(root, e), n);
+    finish(e);
+  }
+}
+
+void ShmGroup::allgather(const void* in, void* out, size_t nbytes, const OpSignature& sig, const ShmWait& wait) {
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  const size_t chunks = std::max<size_t>(1, (nbytes + slotBytes_ - 1) / slotBytes_);
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t offset = k * slotBytes_;
+    const size_t n = std::min(slotBytes_, nbytes - std::min(nbytes, offset));
+    const uint32_t e = begin(sig, wait);
+    if (n > 0) std::memcpy(input(rank_, e), src + offset, n);
+    arrive(e, wait);
+    for (int q = 0; q < size_ && n > 0; ++q) std::memcpy(dst + q * nbytes + offset, input(q, e), n);
+    finish(e);
+  }
+}
+
+void ShmGroup::reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                             const OpSignature& sig, const ShmWait& wait) {
+  const size_t esize = elementSize(dtype);
+  // A step carries one chunk of every rank's block: the slot holds p of them.
+  const size_t chunkElems = std::max<size_t>(1, slotBytes_ / (esize * size_));
+  const size_t chunks = std::max<size_t>(1, (count + chunkElems - 1) / chunkElems);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  std::vector<const void*> sources(size_);
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t offset = k * chunkElems;
+    const size_t n = std::min(chunkElems, count - std::min(count, offset));
+    const uint32_t e = begin(sig, wait);
+    for (int j = 0; j < size_ && n > 0; ++j) {
+      std::memcpy(input(rank_, e) + j * chunkElems * esize, src + (j * count + offset) * esize, n * esize);
+    }
+    arrive(e, wait);
+    for (int q = 0; q < size_; ++q) sources[q] = input(q, e) + rank_ * chunkElems * esize;
+    codecs::reduceMany(dst + offset * esize, sources.data(), size_, n, dtype, op);
+    finish(e);
+  }
+}
+
+void ShmGroup::barrier(const OpSignature& sig, const ShmWait& wait) {
+  const uint32_t e = begin(sig, wait);
+  arrive(e, wait);
+  finish(e);
+}
+
+}  // namespace pycomm::algorithms

@@ -1,0 +1,81 @@
+// Collectives among ranks that share a host, through one shared-memory segment.
+//
+// Every rank owns a control block (flags it advances, each on its own cache line) and, per buffer
+// parity, an input slot and a result slot of `slotBytes`. An op runs in steps ("epochs"), one per
+// chunk; two parities let step e+1 fill its slots while peers still read those of step e.
+//  - all-reduce, short: each rank copies its chunk in once, and every rank reduces all inputs itself
+//    (one synchronization per chunk, no second pass);
+//  - all-reduce, long: each rank reduces its 1/p slice of the chunk into its result slot, then all
+//    copy every slice out (reduce-scatter then all-gather, pipelined chunk by chunk);
+//  - broadcast, all-gather, reduce-scatter and barrier follow the same pattern.
+// Each step publishes the op's signature, so ranks running different ops fail on the first step.
+// Waits spin briefly and then sleep on a futex; every wait has the op's deadline and notices a
+// peer whose connection died.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../dtype.h"
+#include "../transport/frame.h"
+#include "../transport/request.h"
+#include "../transport/shm/futex.h"
+#include "../transport/shm/segment.h"
+
+namespace pycomm::algorithms {
+
+using transport::Clock;
+using transport::OpSignature;
+
+struct ShmWait {
+  Clock::time_point deadline;
+  std::string context;
+  std::function<std::exception_ptr(int)> peerFailure;
+};
+
+class ShmGroup {
+ public:
+  // Rank 0 creates the segment and names it through `publishName`; the others get the name from
+  // `fetchName`. `allMapped` must return once every rank has mapped it; then the name is unlinked.
+  ShmGroup(int rank, int size, size_t slotBytes, const std::function<void(const std::string&)>& publishName,
+           const std::function<std::string()>& fetchName, const std::function<void()>& allMapped);
+
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig, const ShmWait& wait);
+  void broadcast(void* data, size_t nbytes, int root, const OpSignature& sig, const ShmWait& wait);
+  void allgather(const void* in, void* out, size_t nbytes, const OpSignature& sig, const ShmWait& wait);
+  void reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig,
+                     const ShmWait& wait);
+  void barrier(const OpSignature& sig, const ShmWait& wait);
+
+  // Below this many bytes an all-reduce has every rank reduce all inputs (one sync per chunk).
+  static constexpr size_t kShortAllreduceBytes = 64 * 1024;
+
+ private:
+  struct alignas(64) Control {
+    transport::shm::SharedFlag ready;
+    transport::shm::SharedFlag reduced;
+    transport::shm::SharedFlag consumed;
+    OpSignature signature[2];  // per buffer parity, so a peer's next step cannot overwrite it early
+  };
+
+  Control& control(int q) const;
+  uint8_t* input(int q, uint32_t epoch) const;
+  uint8_t* result(int q, uint32_t epoch) const;
+
+  // Starts a step: waits until every rank is done with this parity's slots, publishes `sig`.
+  uint32_t begin(const OpSignature& sig, const ShmWait& wait);
+  void arrive(uint32_t epoch, const ShmWait& wait);  // publish ready, wait for everyone's, check sigs
+  void finish(uint32_t epoch);
+  enum class Flag { kReady, kReduced, kConsumed };
+  void waitAll(Flag flag, uint32_t target, const ShmWait& wait, const char* what);
+
+  const int rank_;
+  const int size_;
+  const size_t slotBytes_;
+  transport::shm::Segment segment_;
+  uint32_t epoch_ = 0;
+};
+
+}  // namespace pycomm::algorithms

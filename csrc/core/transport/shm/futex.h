@@ -1,0 +1,26 @@
+// Waiting on a 32-bit word in shared memory: spin briefly, then sleep in the kernel (futex), so that
+// more ranks than cores do not burn the cores they need to make progress.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace pycomm::transport::shm {
+
+// A flag one rank advances and others wait on; lives in shared memory (trivially copyable layout).
+struct alignas(64) SharedFlag {
+  std::atomic<uint32_t> value{0};
+  std::atomic<uint32_t> waiters{0};
+};
+
+// Stores `value` and wakes the waiters, if any.
+void publish(SharedFlag& flag, uint32_t value);
+
+// Waits until (int32_t)(flag - target) >= 0, or `slice` passes; returns whether it got there.
+// Wrap-around safe, so epochs may overflow.
+bool waitAtLeast(SharedFlag& flag, uint32_t target, std::chrono::microseconds slice);
+
+inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+}  // namespace pycomm::transport::shm

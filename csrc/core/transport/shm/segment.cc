@@ -1,0 +1,100 @@
+#include "segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "../../error.h"
+
+namespace pycomm::transport::shm {
+namespace {
+
+void* mapFd(int fd, size_t bytes, const std::string& name) {
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  PYCOMM_CHECK(base != MAP_FAILED, RemoteError, "mmap of shared memory ", name, " (", bytes, " B) failed: ",
+               std::strerror(errno));
+  return base;
+}
+
+}  // namespace
+
+Segment Segment::create(size_t bytes) {
+  std::random_device device;
+  Segment s;
+  s.name_ = strCat("/pycomm-", std::hex, device(), device());
+  int fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  PYCOMM_CHECK(fd >= 0, RemoteError, "shm_open(", s.name_, ") failed: ", std::strerror(errno));
+  s.owner_ = true;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::shm_unlink(s.name_.c_str());
+    throw RemoteError(strCat("cannot size shared memory ", s.name_, " to ", bytes, " B: ", std::strerror(err),
+                             " (is /dev/shm large enough?)"));
+  }
+  try {
+    s.base_ = mapFd(fd, bytes, s.name_);
+  } catch (...) {
+    ::close(fd);
+    ::shm_unlink(s.name_.c_str());
+    throw;
+  }
+  ::close(fd);
+  s.size_ = bytes;
+  return s;
+}
+
+Segment Segment::open(const std::string& name, size_t bytes) {
+  Segment s;
+  s.name_ = name;
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  PYCOMM_CHECK(fd >= 0, RemoteError, "shm_open(", name, ") failed: ", std::strerror(errno));
+  try {
+    s.base_ = mapFd(fd, bytes, name);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  s.size_ = bytes;
+  return s;
+}
+
+Segment::~Segment() { release(); }
+
+Segment::Segment(Segment&& other) noexcept { *this = std::move(other); }
+
+Segment& Segment::operator=(Segment&& other) noexcept {
+  if (this != &other) {
+    release();
+    base_ = other.base_;
+    size_ = other.size_;
+    name_ = std::move(other.name_);
+    owner_ = other.owner_;
+    other.base_ = nullptr;
+    other.size_ = 0;
+    other.owner_ = false;
+  }
+  return *this;
+}
+
+void Segment::unlink() {
+  if (owner_) {
+    ::shm_unlink(name_.c_str());
+    owner_ = false;
+  }
+}
+
+void Segment::release() {
+  unlink();
+  if (base_ != nullptr) {
+    ::munmap(base_, size_);
+    base_ = nullptr;
+  }
+}
+
+}  // namespace pycomm::transport::shm

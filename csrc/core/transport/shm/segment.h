@@ -1,0 +1,40 @@
+// A POSIX shared-memory segment, mapped for the object's lifetime.
+//
+// The creator picks a random name; peers open it by that name; once every rank has mapped it the
+// creator unlinks the name, so nothing is left in /dev/shm even if a process is killed later. The
+// destructor unlinks too, for a group whose setup failed before that point.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace pycomm::transport::shm {
+
+class Segment {
+ public:
+  static Segment create(size_t bytes);
+  static Segment open(const std::string& name, size_t bytes);
+  Segment() = default;
+  ~Segment();
+  Segment(Segment&& other) noexcept;
+  Segment& operator=(Segment&& other) noexcept;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  uint8_t* data() const { return static_cast<uint8_t*>(base_); }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+  // Removes the name (the creator, once every peer has mapped the segment). Idempotent.
+  void unlink();
+
+ private:
+  void release();
+
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  std::string name_;
+  bool owner_ = false;  // the creator unlinks
+};
+
+}  // namespace pycomm::transport::shm
