@@ -134,7 +134,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="pycomm compression codec(s); a list makes one pycomm variant each",
     )
     p.add_argument("--transport", default=None, help="pycomm transport")
-    p.add_argument("--chunk-bytes", type=_size, default=None, metavar="SIZE", help="pycomm chunk size")
+    p.add_argument(
+        "--chunk-bytes",
+        type=lambda text: [_size(part) for part in _comma_list(text)],
+        default=None,
+        metavar="LIST",
+        help="pycomm chunk size(s); e.g. 512K,1G compares pipelined against one chunk",
+    )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="measure ring, tree and rhd all_reduce over TCP and write the cost-model table auto uses",
+    )
+    p.add_argument(
+        "--tune-out",
+        default=None,
+        metavar="PATH",
+        help="where --tune writes the table (default: the user cache that pycomm reads)",
+    )
     p.add_argument(
         "--nproc", type=_positive_int, default=None, help="local ranks to spawn (default 2; ignored under torchrun)"
     )
@@ -164,8 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", default=None, metavar="PATH", help="write results as one JSON document")
     p.add_argument("--plot", default=None, metavar="PATH", help="write a busbw-vs-size PNG (needs matplotlib)")
-    # Reserved: a --tune mode (fitting per-size algorithm choices) will be
-    # dispatched from main() next to the benchmark run; see _run().
     return p
 
 
@@ -225,12 +240,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.tune:
+        from pycomm.bench.tune import tune
+
+        return tune(args, parser, argv)
     config = config_from_args(args, parser, argv)
     return _run(config, args.nproc or 2)
 
 
 def _run(config: BenchConfig, nproc: int) -> int:
-    # Mode dispatch lives here: the future --tune mode slots in beside this.
     from pycomm.bench.launch import run_existing_rank, run_local, under_torchrun
 
     if under_torchrun():

@@ -75,7 +75,7 @@ def build_variants(
     algos: list[str] | None,
     compressions: list[str] | None,
     transport: str | None,
-    chunk_bytes: int | None,
+    chunk_bytes: list[int] | None,
 ) -> tuple[Variant, ...]:
     """Expand the backend list: pycomm fans out over --algo x --compression.
 
@@ -85,18 +85,22 @@ def build_variants(
     variants: list[Variant] = []
     seen: dict[str, int] = {}
     for backend in backends:
-        combos: list[tuple[str | None, str | None]] = [(None, None)]
+        combos: list[tuple[str | None, str | None, int | None]] = [(None, None, None)]
         if backend == PYCOMM:
             algo_choices: list[str | None] = list(algos) if algos else [None]
             comp_choices: list[str | None] = list(compressions) if compressions else [None]
-            combos = list(product(algo_choices, comp_choices))
-        for algo, comp in combos:
+            chunk_choices: list[int | None] = list(chunk_bytes) if chunk_bytes else [None]
+            combos = list(product(algo_choices, comp_choices, chunk_choices))
+        for algo, comp, chunk in combos:
             label = backend
             if backend == PYCOMM:
                 if algo:
                     label += f"/{algo}"
                 if comp:
                     label += f"+{comp}"
+                # Only named when several are compared (the overlap mode: pipelined vs one chunk).
+                if chunk and chunk_bytes and len(chunk_bytes) > 1:
+                    label += f" chunk={_size_label(chunk)}"
             seen[label] = seen.get(label, 0) + 1
             if seen[label] > 1:
                 label = f"{label}#{seen[label]}"
@@ -107,10 +111,17 @@ def build_variants(
                     algo=algo,
                     compression=comp,
                     transport=transport if backend == PYCOMM else None,
-                    chunk_bytes=chunk_bytes if backend == PYCOMM else None,
+                    chunk_bytes=chunk if backend == PYCOMM else None,
                 )
             )
     return tuple(variants)
+
+
+def _size_label(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
 
 
 @dataclass(frozen=True)
