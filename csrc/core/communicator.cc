@@ -13,6 +13,7 @@
 #include "algorithms/ring.h"
 #include "algorithms/tree.h"
 #include "error.h"
+#include "transport/subset_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace pycomm {
@@ -84,20 +85,62 @@ Communicator::~Communicator() { shutdown(); }
 
 void Communicator::setupSharedMemory(Store& store) {
   const std::string mine = config_.hostId;
+  if (mine.empty()) return;
   store.set(strCat("pycomm/host/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> hosts(size());
   for (int q = 0; q < size(); ++q) {
-    auto theirs = store.get(strCat("pycomm/host/", q), timeout());
-    if (mine.empty() || std::string(theirs.begin(), theirs.end()) != mine) return;  // not all on one host
+    auto id = store.get(strCat("pycomm/host/", q), timeout());
+    hosts[q] = std::string(id.begin(), id.end());
   }
-  shm_ = std::make_unique<algorithms::ShmGroup>(
-      rank(), size(), config_.shmSlotBytes,
-      [&](const std::string& name) { store.set("pycomm/shm", std::vector<uint8_t>(name.begin(), name.end())); },
-      [&] {
-        auto name = store.get("pycomm/shm", timeout());
-        return std::string(name.begin(), name.end());
-      },
-      [&] { barrier(); });  // shm_ is still null here, so this barrier runs over TCP
-  logger_.log(LogLevel::kInfo, "all ranks share this host: collectives use shared memory");
+  // Hosts in order of their first rank; each host's ranks in rank order.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<int>> members;
+  for (int q = 0; q < size(); ++q) {
+    if (members.count(hosts[q]) == 0) order.push_back(hosts[q]);
+    members[hosts[q]].push_back(q);
+  }
+  const auto& local = members[mine];
+  const int localRank = static_cast<int>(std::find(local.begin(), local.end(), rank()) - local.begin());
+  const int hostIndex = static_cast<int>(std::find(order.begin(), order.end(), mine) - order.begin());
+  bool uniform = true;
+  for (const auto& host : order) uniform = uniform && members[host].size() == local.size();
+  if (order.size() > 1 && (!uniform || local.size() < 2)) return;  // plain TCP serves best
+
+  // Every rank runs exactly one barrier below, so sequence numbers stay equal across the group.
+  auto makeGroup = [&](int groupRank, int groupSize, const std::string& key, transport::Transport& barrierOver) {
+    return std::make_unique<algorithms::ShmGroup>(
+        groupRank, groupSize, config_.shmSlotBytes,
+        [&](const std::string& name) { store.set(key, std::vector<uint8_t>(name.begin(), name.end())); },
+        [&] {
+          auto name = store.get(key, timeout());
+          return std::string(name.begin(), name.end());
+        },
+        [&] {
+          runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0), "dissemination",
+                        [&](Op& o) {
+                          Op sub(barrierOver, o.seq(), makeSignature(OpKind::kBarrier, DataType::kUInt8,
+                                                                     ReduceOp::kSum, -1, 0),
+                                 o.context(), o.deadline(), timeout());
+                          algorithms::disseminationBarrier(sub);
+                        });
+        });
+  };
+  if (order.size() == 1) {
+    shm_ = makeGroup(rank(), size(), "pycomm/shm", *transport_);
+    logger_.log(LogLevel::kInfo, "all ranks share this host: collectives use shared memory");
+    return;
+  }
+  auto hierarchy = std::make_unique<Hierarchy>();
+  hierarchy->localRank = localRank;
+  hierarchy->localSize = static_cast<int>(local.size());
+  std::vector<int> cross;
+  for (const auto& host : order) cross.push_back(members[host][localRank]);
+  hierarchy->cross = std::make_unique<transport::SubsetTransport>(*transport_, cross);
+  transport::SubsetTransport localView(*transport_, local);
+  hierarchy->local = makeGroup(localRank, hierarchy->localSize, strCat("pycomm/shm/", hostIndex), localView);
+  hierarchy_ = std::move(hierarchy);
+  logger_.log(LogLevel::kInfo, strCat(order.size(), " hosts of ", local.size(),
+                                      " ranks: all-reduce is hierarchical (shared memory inside a host, TCP across)"));
 }
 
 template <typename Body>
@@ -246,6 +289,16 @@ void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
   const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
   if (runShm(signature, nbytes <= algorithms::ShmGroup::kShortAllreduceBytes ? "shm-all" : "shm-slices",
              [&](const algorithms::ShmWait& w) { shm_->allreduce(data, count, dtype, op, signature, w); })) {
+    return;
+  }
+  if (hierarchy_ && !shmBroken_) {
+    try {
+      runCollective(signature, "hierarchical", [&](Op& o) { hierarchicalAllreduce(o, buf, count, dtype, op, algorithm); },
+                    "shm+tcp");
+    } catch (const std::exception&) {
+      shmBroken_ = true;
+      throw;
+    }
     return;
   }
   runCollective(signature, algorithmName(algorithm), [&](Op& o) {
@@ -409,6 +462,44 @@ void Communicator::alltoall(const void* in, const std::vector<size_t>& sendCount
 }
 
 void Communicator::setAlgorithm(Algorithm algorithm) { config_.algorithm = algorithm; }
+
+// Reduce inside the host over shared memory, all-reduce one slice per local rank across hosts over
+// TCP (so every rank of a host carries its share of the inter-host traffic), then gather the
+// slices inside the host.
+void Communicator::hierarchicalAllreduce(Op& o, uint8_t* data, size_t count, DataType dtype, ReduceOp op,
+                                         Algorithm algorithm) {
+  Hierarchy& h = *hierarchy_;
+  const size_t esize = elementSize(dtype);
+  algorithms::ShmWait wait{o.deadline(), o.context(), [this](int q) { return transport_->peerFailure(q); }};
+  const OpSignature local = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
+  h.local->allreduce(data, count, dtype, op, local, wait);
+  Segments slices(count, h.localSize);
+  uint8_t* slice = data + slices.offset(h.localRank) * esize;
+  const size_t n = slices.length(h.localRank);
+  Op cross(*h.cross, o.seq(), makeSignature(OpKind::kAllreduce, dtype, op, -1, n), o.context() + " (across hosts)",
+           o.deadline(), timeout());
+  try {
+    const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
+    if (algorithm == Algorithm::kTree) {
+      algorithms::treeAllreduce(cross, slice, scratch(algorithms::treeScratchBytes(n, chunkElems, dtype)), n, dtype,
+                                op, chunkElems);
+    } else if (algorithm == Algorithm::kRhd) {
+      algorithms::rhdAllreduce(cross, slice, scratch(algorithms::rhdScratchBytes(n, dtype)), n, dtype, op,
+                               n * esize >= algorithms::kRhdHalvingThreshold);
+    } else {
+      Segments segments(n, h.cross->size());
+      algorithms::ringAllreduce(cross, {slice, scratch(algorithms::ringScratchBytes(segments, chunkElems, dtype))},
+                                segments, dtype, op, chunkElems, true);
+    }
+    cross.waitAll();
+  } catch (const std::exception& e) {
+    cross.fail(e.what());
+    throw;
+  }
+  std::vector<size_t> offsets(h.localSize + 1);
+  for (int q = 0; q <= h.localSize; ++q) offsets[q] = (q < h.localSize ? slices.offset(q) : count) * esize;
+  h.local->allgatherParts(data, offsets, local, wait);
+}
 
 namespace {
 OpSignature compressedSignature(OpKind kind, size_t count, codecs::Codec codec, bool average) {

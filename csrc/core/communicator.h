@@ -23,6 +23,7 @@
 #include "config.h"
 #include "dtype.h"
 #include "store.h"
+#include "algorithms/op.h"
 #include "algorithms/shm_collectives.h"
 #include "transport/transport.h"
 
@@ -105,6 +106,8 @@ class Communicator {
   template <typename Body>
   bool runShm(transport::OpSignature signature, const char* algorithm, Body body);
   void setupSharedMemory(Store& store);
+  void hierarchicalAllreduce(algorithms::Op& o, uint8_t* data, size_t count, DataType dtype, ReduceOp op,
+                             Algorithm algorithm);
   uint8_t* scratch(size_t bytes);
   void workerLoop();
   std::string prefix() const;
@@ -113,6 +116,15 @@ class Communicator {
   Logger logger_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<algorithms::ShmGroup> shm_;  // ranks all on one host; null otherwise
+  // Several hosts with the same number of ranks each: shared memory among this host's ranks, and
+  // a view of the group with the ranks of the same local index on every host.
+  struct Hierarchy {
+    std::unique_ptr<algorithms::ShmGroup> local;
+    std::unique_ptr<transport::Transport> cross;
+    int localRank = 0;
+    int localSize = 1;
+  };
+  std::unique_ptr<Hierarchy> hierarchy_;
   bool shmBroken_ = false;                     // worker thread only
   std::atomic<int64_t> timeoutMs_;
   std::atomic<uint64_t> seq_{0};    // written by the worker thread only

@@ -204,6 +204,36 @@ void checkCompressedAllreduce() {
   }
 }
 
+// Several "hosts" of several ranks: shared memory inside each, TCP across.
+void checkHierarchical(int hosts, int perHost) {
+  const int size = hosts * perHost;
+  MemoryStore store;
+  std::vector<std::unique_ptr<Communicator>> comms(size);
+  runRanks(size, [&](int r) {
+    Config config;
+    config.rank = r;
+    config.size = size;
+    config.timeout = std::chrono::seconds(20);
+    config.chunkBytes = 4096;
+    config.shmSlotBytes = 4096;
+    config.hostId = strCat("host", r % hosts);  // interleaved, as a launcher might place them
+    comms[r] = std::make_unique<Communicator>(config, store);
+  });
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}, size_t{100003}}) {
+    runRanks(size, [&](int r) {
+      std::vector<int64_t> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = value(r, i);
+      comms[r]->allreduce(buf.data(), count, DataType::kInt64, ReduceOp::kSum);
+      for (size_t i = 0; i < count; ++i) {
+        int64_t expect = 0;
+        for (int q = 0; q < size; ++q) expect += value(q, i);
+        EXPECT_TRUE(buf[i] == expect, "hierarchical ", hosts, "x", perHost, " count ", count, " i ", i);
+      }
+      comms[r]->barrier();
+    });
+  }
+}
+
 void checkMismatchAndRecovery(const std::string& hostId) {
   MemoryStore store;
   const int size = 3;
@@ -264,6 +294,9 @@ int main() {
   checkMismatchAndRecovery("");
   checkMismatchAndRecovery("one-host");  // over shared memory
   for (int size : {2, 3, 4}) checkCollectives(size, 4096, "one-host");
+  checkHierarchical(2, 2);
+  checkHierarchical(3, 2);
+  checkHierarchical(2, 3);
   checkSendBeforeReceive();
   checkTimeoutNamesPeer();
   return pycomm::testing::finish("test_collectives");

@@ -165,6 +165,30 @@ void ShmGroup::reduceScatter(const void* in, void* out, size_t count, DataType d
   }
 }
 
+void ShmGroup::allgatherParts(void* data, const std::vector<size_t>& offsets, const OpSignature& sig,
+                              const ShmWait& wait) {
+  auto* bytes = static_cast<uint8_t*>(data);
+  size_t largest = 0;
+  for (int q = 0; q < size_; ++q) largest = std::max(largest, offsets[q + 1] - offsets[q]);
+  const size_t chunks = std::max<size_t>(1, (largest + slotBytes_ - 1) / slotBytes_);
+  auto part = [&](int q, size_t k) {
+    const size_t length = offsets[q + 1] - offsets[q];
+    const size_t begin = std::min(length, k * slotBytes_);
+    return std::make_pair(offsets[q] + begin, std::min(length, begin + slotBytes_) - begin);
+  };
+  for (size_t k = 0; k < chunks; ++k) {
+    const uint32_t e = begin(sig, wait);
+    auto [offset, n] = part(rank_, k);
+    if (n > 0) std::memcpy(input(rank_, e), bytes + offset, n);
+    arrive(e, wait);
+    for (int q = 0; q < size_; ++q) {
+      auto [qOffset, qn] = part(q, k);
+      if (q != rank_ && qn > 0) std::memcpy(bytes + qOffset, input(q, e), qn);
+    }
+    finish(e);
+  }
+}
+
 void ShmGroup::barrier(const OpSignature& sig, const ShmWait& wait) {
   const uint32_t e = begin(sig, wait);
   arrive(e, wait);

@@ -48,6 +48,8 @@ class ShmGroup {
   void reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig,
                      const ShmWait& wait);
   void barrier(const OpSignature& sig, const ShmWait& wait);
+  // Every rank contributes data[offsets[r], offsets[r+1]) and receives everyone's part, in place.
+  void allgatherParts(void* data, const std::vector<size_t>& offsets, const OpSignature& sig, const ShmWait& wait);
 
   // Below this many bytes an all-reduce has every rank reduce all inputs (one sync per chunk).
   static constexpr size_t kShortAllreduceBytes = 64 * 1024;
