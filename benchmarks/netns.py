@@ -39,6 +39,8 @@ def available() -> str | None:
 
 
 class Testbed:
+    __test__ = False  # not a pytest test class, though test modules import it
+
     def __init__(self, hosts: int = 2, rate: str | None = None, net: int | None = None) -> None:
         self.hosts = hosts
         self.rate = rate

@@ -1,0 +1,139 @@
+"""Command line: parse and check flags, build a TrainConfig, launch the ranks.
+
+Usage errors (a bad flag, or a flag whose dependency is missing) exit 2 with
+one line on stderr, before any rank starts: no rendezvous to wait out, and one
+precise line is what a CI log needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from pycomm.train.config import BACKENDS, EXIT_FAIL, EXIT_USAGE, HOOKS, TrainConfig
+
+PROG = "pycomm.train"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+
+
+def _number(kind: Callable[[str], float], low: float, inclusive: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if value < low or (value == low and not inclusive) or math.isnan(value):
+            raise argparse.ArgumentTypeError(f"expected a value {'>=' if inclusive else '>'} {low:g}, got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Train a tiny character-level transformer on the Python standard library's source, "
+        "data parallel (DDP) over pycomm or gloo, and report loss, tokens/s and the comm share of step time.",
+        epilog="Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set) the launched ranks join via env://, on any "
+        "number of hosts; otherwise --nproc ranks are spawned here. Exit codes: 0 ok, 1 failure, 2 usage error.",
+    )
+    p.add_argument("--backend", choices=BACKENDS, default="pycomm", help="torch.distributed backend (default pycomm)")
+    p.add_argument(
+        "--hook",
+        choices=HOOKS,
+        default="none",
+        help="DDP comm hook: none (fp32 all-reduce) or gradient compression; pycomm.hooks when present, "
+        "else torch's for fp16/bf16 (default none)",
+    )
+    p.add_argument("--error-feedback", action="store_true", help="error feedback for compression (pycomm.hooks)")
+    p.add_argument("--steps", type=_number(int, 1, True), default=30, help="optimizer steps (default 30)")
+    p.add_argument(
+        "--batch-size", type=_number(int, 1, True), default=8, help="sequences per rank per step (default 8)"
+    )
+    p.add_argument("--seed", type=_number(int, 0, True), default=0, help="seed for weights and batches (default 0)")
+    p.add_argument("--lr", type=_number(float, 0, False), default=3e-3, help="AdamW learning rate (default 3e-3)")
+    p.add_argument(
+        "--eval-every",
+        type=_number(int, 0, True),
+        default=10,
+        help="validate every N steps, and after the last; 0: only after the last (default 10)",
+    )
+    p.add_argument("--json", metavar="PATH", help="write the run's log (config, losses, tokens/s, comm share) here")
+    p.add_argument("--plot", metavar="PATH", help="write the loss curve here as PNG (needs matplotlib)")
+    p.add_argument(
+        "--nproc", type=_number(int, 1, True), default=2, help="local ranks to spawn (default 2; not under torchrun)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=_number(float, 0, False),
+        default=120.0,
+        metavar="SECONDS",
+        help="process-group timeout: a hung collective fails after this long (default 120)",
+    )
+    return p
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
+    args = build_parser().parse_args(argv)
+    if args.seed >= 1 << 63:
+        raise UsageError(f"--seed must be below 2**63, got {args.seed}")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageError(f"{flag}: directory of {path!r} does not exist")
+    if args.plot is not None:
+        from pycomm.train.report import have_matplotlib
+
+        if not have_matplotlib():
+            raise UsageError("--plot needs matplotlib (pip install matplotlib)")
+    from pycomm.train.hooks import HookUnavailable, check_hook
+
+    try:
+        check_hook(args.hook, args.error_feedback)
+    except HookUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    return TrainConfig(
+        backend=args.backend,
+        hook=args.hook,
+        error_feedback=args.error_feedback,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        json_path=args.json,
+        plot_path=args.plot,
+        nproc=args.nproc,
+        timeout_s=args.timeout,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from pycomm.train import launch
+
+    try:
+        config = parse_config(argv)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except Exception as exc:  # e.g. pycomm.hooks present but failing to import: one line, not a traceback
+        if os.environ.get(launch.TRACEBACK_ENV) == "1":
+            raise
+        print(f"{PROG}: error: {launch.one_line(exc)}", file=sys.stderr, flush=True)
+        return EXIT_FAIL
+    if launch.under_torchrun():
+        return launch.run_existing_rank(config)
+    return launch.run_local(config)

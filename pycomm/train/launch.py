@@ -1,0 +1,191 @@
+"""Where the ranks come from: spawned on this host, or already there (torchrun)."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from pycomm.train.config import EXIT_FAIL, EXIT_OK, TrainConfig
+
+TRACEBACK_ENV = "PYCOMM_TRAIN_TRACEBACK"  # =1: print full tracebacks, not one line
+# Once one rank has failed the others are usually blocked in a collective
+# with it; give them this long to fail on their own, then terminate them.
+_GRACE_S = 5.0
+
+
+def under_torchrun() -> bool:
+    """torchrun (or a launcher speaking its env:// protocol) started this process as one rank."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def run_rank(config: TrainConfig, rank: int, join: Callable[[datetime.timedelta], None]) -> tuple[int, str | None]:
+    """Join the process group, train, and (rank 0) report. Returns (exit code, one-line error or None)."""
+    # One intra-op thread per rank: ranks share the host's cores (2 on CI),
+    # and a full pool in each would oversubscribe them and make timing noise.
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=config.timeout_s)
+    try:
+        # No `import pycomm` needed for the backend: it is this package's
+        # parent, so importing pycomm.train has registered "pycomm" already.
+        join(timeout)
+    except Exception as exc:  # noqa: BLE001
+        _maybe_traceback()
+        return EXIT_FAIL, f"cannot join the {config.backend} process group: {one_line(exc)}"
+    try:
+        # Deferred: loop imports the model and data code, which --help never needs.
+        from pycomm.train import report
+        from pycomm.train.loop import train
+
+        result = train(config, on_progress=rank == 0)
+        if rank == 0:
+            print(report.summary(config, result), flush=True)
+            if config.json_path:
+                report.write_json(config.json_path, report.as_json(config, result))
+            if config.plot_path:
+                report.write_plot(config.plot_path, config, result)
+    except Exception as exc:  # noqa: BLE001
+        _maybe_traceback()
+        # No destroy_process_group: peers may be stuck in a collective with us,
+        # and tearing down could block; process exit closes the connections.
+        return EXIT_FAIL, one_line(exc)
+    dist.destroy_process_group()
+    return EXIT_OK, None
+
+
+def _maybe_traceback() -> None:
+    if os.environ.get(TRACEBACK_ENV) == "1":
+        traceback.print_exc()
+
+
+def run_existing_rank(config: TrainConfig) -> int:
+    """This process is one rank of a torchrun job, on any number of hosts."""
+    rank = int(os.environ["RANK"])
+
+    def join(timeout: datetime.timedelta) -> None:
+        dist.init_process_group(config.backend, init_method="env://", timeout=timeout)
+
+    code, message = run_rank(config, rank, join)
+    if message:
+        print(f"pycomm.train: error: rank {rank}: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def spawn_entry(config: TrainConfig, rank: int, world: int, store_port: int, results: mp.Queue) -> None:  # type: ignore[type-arg]
+    def join(timeout: datetime.timedelta) -> None:
+        store = dist.TCPStore("127.0.0.1", store_port, world, is_master=False, timeout=timeout)
+        dist.init_process_group(config.backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+    try:
+        code, message = run_rank(config, rank, join)
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every rank (same process group); the launcher says so once.
+        sys.exit(130)
+    results.put((rank, message))
+    sys.exit(code)
+
+
+def run_local(config: TrainConfig) -> int:
+    """Spawn ``config.nproc`` ranks on this host and wait for them.
+
+    The launcher serves the rendezvous TCPStore itself on a port the OS picks
+    (port 0): no free-port race between choosing and binding, and the store
+    outlives any one rank.
+    """
+    world = config.nproc
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=config.timeout_s),
+        wait_for_workers=False,
+    )
+    ctx = mp.get_context("spawn")  # fork is unsafe once torch has started threads
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=spawn_entry, args=(config, rank, world, store.port, results), name=f"rank{rank}")
+        for rank in range(world)
+    ]
+    # SIGTERM (a CI timeout, a job scheduler) must not orphan the ranks:
+    # spawned children outlive a parent that dies, and would train on alone.
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        for proc in procs:
+            proc.start()
+        _wait(procs)
+    except (KeyboardInterrupt, _Terminated) as stop:
+        _terminate(procs)
+        return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    messages: dict[int, str] = {}
+    while True:
+        try:
+            rank, message = results.get(timeout=0.1)
+        except queue.Empty:  # every rank that reported has been read
+            break
+        if message:
+            messages[rank] = message
+    codes = [proc.exitcode for proc in procs]
+    # Ranks that died without a word first (killed, a crash inside a backend):
+    # they are usually why the others failed.
+    for rank, code in enumerate(codes):
+        if code not in (0, None) and rank not in messages:
+            how = f"signal {-code}" if code < 0 else f"exit {code}"
+            print(f"pycomm.train: error: rank {rank} died ({how})", file=sys.stderr, flush=True)
+    # Then one line per distinct problem: ranks usually fail for one reason
+    # (a bad PYCOMM_* variable, a peer gone), and world copies of it bury the rest.
+    seen: dict[str, list[int]] = {}
+    for rank in sorted(messages):
+        seen.setdefault(messages[rank], []).append(rank)
+    for message, ranks in seen.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
+        print(f"pycomm.train: error: {who}: {message}", file=sys.stderr, flush=True)
+    return EXIT_OK if all(code == 0 for code in codes) else EXIT_FAIL
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _wait(procs: Sequence[mp.process.BaseProcess]) -> None:
+    """Join all ranks; once one has failed, give the rest a grace period."""
+    deadline: float | None = None
+    while any(proc.is_alive() for proc in procs):
+        for proc in procs:
+            proc.join(timeout=0.05)
+        if deadline is None and any(proc.exitcode not in (None, 0) for proc in procs):
+            deadline = time.monotonic() + _GRACE_S
+        if deadline is not None and time.monotonic() > deadline:
+            _terminate(procs)
+            return
+
+
+def _terminate(procs: Sequence[mp.process.BaseProcess]) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()

@@ -1,0 +1,141 @@
+"""What each rank runs: build data and model, train under DDP, evaluate, summarize."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from pycomm.train import data
+from pycomm.train.config import TrainConfig
+from pycomm.train.hooks import CommTimer, choose_hook
+from pycomm.train.model import CharTransformer, lm_loss, parameter_count
+
+GRAD_CLIP = 1.0
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What rank 0 reports. Train losses are the mean over ranks of each step's loss."""
+
+    world_size: int
+    hook_impl: str
+    parameters: int
+    corpus: dict[str, object]
+    train_loss: list[float]
+    val_loss: list[tuple[int, float]]  # (steps done, loss)
+    step_time_s: list[float]  # rank 0's wall time of each step
+    comm_time_s: list[float]  # rank 0's comm time within each step (see CommTimer)
+    buckets_per_step: int
+    timed_steps: int  # steps after the warm-up ones, used for the two figures below
+    tokens_per_s: float  # all ranks together
+    comm_share: float  # comm time / step time, averaged over ranks
+
+
+def warmup_steps(steps: int) -> int:
+    # The first step pays one-off costs (allocations, DDP's lazy setup) that
+    # would skew throughput at tens of steps; it is left out of the figures.
+    return 1 if steps > 1 else 0
+
+
+def train(config: TrainConfig, on_progress: bool) -> TrainResult:
+    """Train on the already-initialized default process group. Collective: every rank calls it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    corpus = data.load_corpus(config.corpus_bytes, config.context)
+    _check_same_corpus(corpus)
+
+    # Every rank builds the same initial weights from the seed (DDP would
+    # broadcast rank 0's anyway; this keeps a world-1 run identical too).
+    torch.manual_seed(config.seed)
+    model = CharTransformer(data.VOCAB_SIZE, config.context, config.d_model, config.n_heads, config.n_layers)
+    ddp = DistributedDataParallel(model)
+    choice = choose_hook(config.hook, config.error_feedback)
+    timer = CommTimer()
+    ddp.register_comm_hook(choice.state, timer.wrap(choice.hook))
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=config.lr)
+    # Each rank draws different windows (else data parallelism would be the
+    # same batch world times over), reproducibly from (seed, rank).
+    batches = torch.Generator().manual_seed((config.seed * 1_000_003 + rank) % (1 << 63))
+
+    local_loss = torch.zeros(config.steps, dtype=torch.float64)
+    step_times: list[float] = []
+    comm_times: list[float] = []
+    buckets = 0
+    # Validation before the first step too: the curve then starts at the
+    # untrained loss (about ln 256 = 5.55 nats per byte).
+    val_losses: list[tuple[int, float]] = [(0, evaluate(model, corpus, config, rank, world))]
+    for step in range(config.steps):
+        start = time.perf_counter()
+        inputs, targets = data.train_batch(corpus.train, config.batch_size, config.context, batches)
+        optimizer.zero_grad(set_to_none=True)
+        loss = lm_loss(ddp(inputs), targets)
+        loss.backward()  # DDP all-reduces gradients through the hook here
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), GRAD_CLIP)
+        optimizer.step()
+        local_loss[step] = loss.item()
+        step_times.append(time.perf_counter() - start)
+        comm, buckets = timer.take()
+        comm_times.append(comm)
+        done = step + 1
+        if done == config.steps or (config.eval_every and done % config.eval_every == 0):
+            val = evaluate(model, corpus, config, rank, world)
+            val_losses.append((done, val))
+            if on_progress:
+                print(
+                    f"step {done}/{config.steps}  train {local_loss[step].item():.4f} (rank 0)  val {val:.4f}",
+                    flush=True,
+                )
+
+    # One collective for all per-step losses, not one per step: a per-step
+    # all-reduce would add communication that the hook timer does not see.
+    dist.all_reduce(local_loss)
+    train_loss = (local_loss / world).tolist()
+    skip = warmup_steps(config.steps)
+    totals = torch.tensor([sum(comm_times[skip:]), sum(step_times[skip:])], dtype=torch.float64)
+    dist.all_reduce(totals)
+    comm_sum, step_sum = (totals / world).tolist()
+    timed = config.steps - skip
+    return TrainResult(
+        world_size=world,
+        hook_impl=choice.impl,
+        parameters=parameter_count(model),
+        corpus=corpus.describe(),
+        train_loss=train_loss,
+        val_loss=val_losses,
+        step_time_s=step_times,
+        comm_time_s=comm_times,
+        buckets_per_step=buckets,
+        timed_steps=timed,
+        tokens_per_s=config.tokens_per_step(world) * timed / step_sum if step_sum > 0 else 0.0,
+        comm_share=comm_sum / step_sum if step_sum > 0 else 0.0,
+    )
+
+
+@torch.no_grad()
+def evaluate(model: CharTransformer, corpus: data.Corpus, config: TrainConfig, rank: int, world: int) -> float:
+    """Mean validation loss over the fixed windows, each rank taking a share. Collective."""
+    # The bare module, not DDP: no gradients, so nothing for DDP to synchronize.
+    model.eval()
+    inputs, targets = data.val_batch(corpus.val, config.val_windows, config.context, rank, world)
+    total = torch.zeros(2, dtype=torch.float64)  # (sum of token losses, tokens)
+    if inputs.numel():  # more ranks than windows leaves some with none
+        total[0] = lm_loss(model(inputs), targets).item() * targets.numel()
+        total[1] = targets.numel()
+    model.train()
+    dist.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+def _check_same_corpus(corpus: data.Corpus) -> None:
+    """Ranks on hosts with different Pythons read different stdlibs; refuse rather than train on a mix."""
+    tag = int(corpus.sha256[:15], 16)  # 60 bits: fits int64 with room for the sign
+    spread = torch.tensor([tag, -tag], dtype=torch.int64)
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    if spread[0].item() != -spread[1].item():
+        raise RuntimeError(
+            "ranks read different standard libraries (different Python versions on the hosts?); "
+            f"this rank's corpus sha256 is {corpus.sha256[:12]}"
+        )
