@@ -119,17 +119,15 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
   std::vector<Completion> completions;
   {
     std::lock_guard<std::mutex> lock(matchMutex_);
+    // A message that already arrived is delivered even if its sender has gone since: a peer may
+    // finish its part of an op and leave before this rank gets round to receiving.
     std::exception_ptr failure = aborted_;
-    if (!failure && !anyPeer && peers_[peer]->failure) failure = peers_[peer]->failure;
-    if (info.channel == Channel::kCollective) {
-      auto failed = failedSeqs_.find(info.seq);
-      if (!failure && failed != failedSeqs_.end()) failure = remoteError(failed->second);
-    }
     if (failure) {
       completions.push_back({request, 0, peer, failure});
     } else if (info.channel == Channel::kCollective) {
       CollectiveKey key{peer, info.seq, info.slot};
       auto arrived = arrivedCollective_.find(key);
+      auto failed = failedSeqs_.find(info.seq);
       if (arrived != arrivedCollective_.end()) {
         std::string why = checkCollective(peer, arrived->second.header, {request, info.signature}, nbytes);
         if (why.empty()) {
@@ -139,6 +137,10 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
           completions.push_back({request, 0, peer, std::make_exception_ptr(InvalidUsageError(why))});
         }
         arrivedCollective_.erase(arrived);
+      } else if (failed != failedSeqs_.end()) {
+        completions.push_back({request, 0, peer, remoteError(failed->second)});
+      } else if (peers_[peer]->failure) {
+        completions.push_back({request, 0, peer, peers_[peer]->failure});
       } else {
         auto inserted = postedCollective_.emplace(key, PostedCollective{request, info.signature});
         PYCOMM_CHECK(inserted.second, InternalError, context(), " duplicate receive for seq ",
@@ -157,6 +159,8 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
           completions.push_back({request, 0, match->peer, std::make_exception_ptr(InvalidUsageError(why))});
         }
         arrivedP2P_.erase(match);
+      } else if (!anyPeer && peers_[peer]->failure) {
+        completions.push_back({request, 0, peer, peers_[peer]->failure});
       } else {
         postedP2P_.push_back({peer, info.seq, request});
       }
@@ -291,9 +295,22 @@ void TcpTransport::abort(const std::string& reason) {
       if (frame.request) completions.push_back({frame.request, 0, p->rank, error});
     }
     p->sendQueue.clear();
-    if (p->socket.valid()) ::shutdown(p->socket.fd(), SHUT_RDWR);
+    closeGracefully(*p);
   }
   finish(completions);
+}
+
+void TcpTransport::closeGracefully(Peer& peer) {
+  if (!peer.socket.valid()) return;
+  // FIN after whatever the kernel still has to send, so the peer reads all of it. Unread bytes on
+  // our side would make close() answer with a reset, which can destroy data the peer has not read
+  // yet: drain them first.
+  ::shutdown(peer.socket.fd(), SHUT_WR);
+  for (int i = 0; i < 1024; ++i) {
+    ssize_t n = ::recv(peer.socket.fd(), discard_.data(), discard_.size(), MSG_DONTWAIT);
+    if (n <= 0) break;
+  }
+  peer.socket.close();
 }
 
 // ---------------------------------------------------------------------------------------------

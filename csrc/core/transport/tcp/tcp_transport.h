@@ -108,6 +108,7 @@ class TcpTransport final : public Transport {
   int flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done);
   void setPollWrite(Peer& peer, bool enable);
   void failPeer(Peer& peer, std::exception_ptr error);
+  void closeGracefully(Peer& peer);
   void acceptStranger();
 
   // Match checks; return an error message or empty. Called with matchMutex_ held.

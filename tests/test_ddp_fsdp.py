@@ -1,0 +1,163 @@
+"""End-to-end training: DDP and FSDP2 on pycomm must match gloo and a 1-process reference.
+
+Every rank trains on its own fixed batch; averaged gradients make this equal to
+one process training on the concatenated batch (equal batch sizes, mean loss),
+which is the backend-independent reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mp import run_ranks
+from torch import nn
+
+WORLD = 2
+BATCH = 8
+TIMEOUT_S = 120
+
+
+def _mlp(sizes: tuple[int, ...]) -> nn.Module:
+    torch.manual_seed(1234)  # same initial weights in every process
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def _batch(
+    step: int, rank: int, in_features: int, classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 * step + rank)
+    return torch.randn(BATCH, in_features, generator=g), torch.randint(
+        0, classes, (BATCH,), generator=g
+    )
+
+
+def _full_batch(
+    step: int, in_features: int, classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = [_batch(step, r, in_features, classes) for r in range(WORLD)]
+    return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+
+
+def _train(model: nn.Module, steps: int, data: object, lr: float) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    loss_fn = nn.CrossEntropyLoss()
+    for step in range(steps):
+        x, y = data(step)  # type: ignore[operator]
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+
+# ---------------------------------------------------------------- DDP
+DDP_SIZES = (32, 64, 10)
+DDP_STEPS = 20
+
+
+def _ddp_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp(DDP_SIZES))
+    _train(
+        model, DDP_STEPS, lambda s: _batch(s, rank, DDP_SIZES[0], DDP_SIZES[-1]), lr=0.1
+    )
+    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+
+def _ddp_reference() -> dict[str, torch.Tensor]:
+    model = _mlp(DDP_SIZES)
+    _train(
+        model, DDP_STEPS, lambda s: _full_batch(s, DDP_SIZES[0], DDP_SIZES[-1]), lr=0.1
+    )
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _max_diff(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    assert a.keys() == b.keys(), f"{sorted(a)} != {sorted(b)}"
+    return {k: float((a[k].double() - b[k].double()).abs().max()) for k in a}
+
+
+def _assert_close(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float, what: str
+) -> None:
+    diffs = _max_diff(a, b)
+    bad = {k: d for k, d in diffs.items() if not d <= tol}
+    assert not bad, f"{what}: parameters differ by more than {tol}: {bad}"
+
+
+def test_ddp_training(backend: str) -> None:
+    results = run_ranks(_ddp_worker, WORLD, backend=backend, timeout_s=TIMEOUT_S)
+    # DDP keeps replicas identical: any difference between ranks is a backend bug.
+    _assert_close(results[0], results[1], 0.0, f"{backend} rank 0 vs rank 1")
+    # The math check, independent of any backend (summation order differs: loose tol).
+    _assert_close(
+        results[0], _ddp_reference(), 1e-5, f"{backend} vs single-process reference"
+    )
+    if backend != "gloo":
+        gloo = run_ranks(_ddp_worker, WORLD, backend="gloo", timeout_s=TIMEOUT_S)
+        _assert_close(results[0], gloo[0], 1e-6, f"{backend} vs gloo")
+
+
+# ---------------------------------------------------------------- FSDP2
+FSDP_SIZES = (16, 32, 32, 8)
+FSDP_STEPS = 10
+
+
+def _fsdp_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _mlp(FSDP_SIZES)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    _train(
+        model,
+        FSDP_STEPS,
+        lambda s: _batch(s, rank, FSDP_SIZES[0], FSDP_SIZES[-1]),
+        lr=0.1,
+    )
+    out = {}
+    for name, p in model.named_parameters():
+        assert isinstance(p, DTensor), (
+            f"{name} is not a DTensor: fully_shard did not shard it"
+        )
+        out[name] = p.full_tensor().detach().clone()  # collective: every rank calls it
+    return out
+
+
+def _fsdp_reference() -> dict[str, torch.Tensor]:
+    model = _mlp(FSDP_SIZES)
+    _train(
+        model,
+        FSDP_STEPS,
+        lambda s: _full_batch(s, FSDP_SIZES[0], FSDP_SIZES[-1]),
+        lr=0.1,
+    )
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_fsdp2_training(backend: str) -> None:
+    results = run_ranks(_fsdp_worker, WORLD, backend=backend, timeout_s=TIMEOUT_S)
+    _assert_close(results[0], results[1], 0.0, f"{backend} rank 0 vs rank 1")
+    _assert_close(
+        results[0], _fsdp_reference(), 1e-5, f"{backend} vs single-process reference"
+    )
+    if backend != "gloo":
+        gloo = run_ranks(_fsdp_worker, WORLD, backend="gloo", timeout_s=TIMEOUT_S)
+        _assert_close(results[0], gloo[0], 1e-5, f"{backend} vs gloo")
+
+
+@pytest.fixture(autouse=True)
+def _single_thread() -> None:
+    # The reference runs in the pytest process; keep it deterministic and light.
+    torch.set_num_threads(1)
