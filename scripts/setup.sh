@@ -8,7 +8,7 @@ python3 -m pip --version >/dev/null
 if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13') else 1)" 2>/dev/null; then
   python3 -m pip install -q "torch==2.13.0"
 fi
-python3 -m pip install -q ninja pytest numpy matplotlib
+python3 -m pip install -q ninja pytest hypothesis numpy matplotlib
 command -v cmake >/dev/null || python3 -m pip install -q cmake
 # No build isolation: an isolated build would fetch another torch. The first install registers the
 # package in place; later runs rebuild only when a source changed, incrementally with ninja.

@@ -9,6 +9,12 @@ status=0
 cmake -S . -B build/native -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build/native >/dev/null \
   && ctest --test-dir build/native --output-on-failure || status=1
 
+# The core's native tests again under AddressSanitizer and UndefinedBehaviorSanitizer.
+cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPYCOMM_SANITIZE=ON >/dev/null \
+  && cmake --build build/asan --target test_collectives test_codecs test_block_codec >/dev/null \
+  && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build/asan --output-on-failure \
+  || status=1
+
 python3 -m pytest tests -q -p no:cacheprovider "$@"
 rc=$?
 # Exit code 5 means pytest collected no test: not a failure of the suite.

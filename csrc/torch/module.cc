@@ -1,11 +1,15 @@
 // The Python extension pycomm._C: the backend class (a c10d Backend, so torch can wrap it in a
 // ProcessGroup) and the few helpers the Python layer needs to fill a Config.
 #include <ATen/ATen.h>
+
+#include <cstring>
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend.h"
 #include "core/codecs/block_codec.h"
 #include "core/error.h"
+#include "core/transport/frame.h"
+#include "core/transport/tcp/handshake.h"
 #include "core/transport/tcp/socket.h"
 
 namespace py = pybind11;
@@ -104,6 +108,28 @@ PYBIND11_MODULE(_C, m) {
              return out;
            }, "Counters per op and codec since the group was created.");
 
+  // The wire parsers, exposed so tests can fuzz them with arbitrary bytes.
+  m.def("_validate_frame_header", [](const py::bytes& raw) {
+          const std::string bytes = raw;
+          if (bytes.size() != sizeof(pycomm::transport::FrameHeader)) {
+            return std::string("header must be ") + std::to_string(sizeof(pycomm::transport::FrameHeader)) + " bytes";
+          }
+          pycomm::transport::FrameHeader header;
+          std::memcpy(&header, bytes.data(), sizeof header);
+          return pycomm::transport::validateHeader(header);
+        }, py::arg("raw"), "Why a frame header is malformed, or an empty string.");
+  m.def("_check_hello", [](const py::bytes& raw, const py::bytes& token, int rank, int size) {
+          const std::string bytes = raw, tokenBytes = token;
+          using pycomm::transport::tcp::Hello;
+          if (bytes.size() != sizeof(Hello)) return std::string("hello must be ") + std::to_string(sizeof(Hello)) + " bytes";
+          if (tokenBytes.size() != sizeof(pycomm::transport::tcp::Token)) return std::string("bad token size");
+          Hello hello;
+          std::memcpy(&hello, bytes.data(), sizeof hello);
+          pycomm::transport::tcp::Token t;
+          std::memcpy(t.data(), tokenBytes.data(), t.size());
+          return pycomm::transport::tcp::checkHello(hello, t, rank, size);
+        }, py::arg("raw"), py::arg("token"), py::arg("rank"), py::arg("size"),
+        "Why a handshake is rejected by `rank` of a group of `size`, or an empty string.");
   m.def("codec_encode", [](const std::string& name, const at::Tensor& x) {
           TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.device().is_cpu(), "codec_encode needs a CPU float32 tensor");
           const auto codec = pycomm::codecs::codecFromName(name);

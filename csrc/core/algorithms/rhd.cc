@@ -57,7 +57,7 @@ void rhdAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataTyp
         codecs::reduceInto(data, scratch, count, dtype, reduceOp);
       } else {
         codecs::reduceInto(scratch, data, count, dtype, reduceOp);
-        std::memcpy(data, scratch, count * esize);
+        if (count > 0) std::memcpy(data, scratch, count * esize);
       }
     }
   } else if (vrank >= 0) {
