@@ -26,7 +26,7 @@ def extension() -> CppExtension:
         name="pycomm._C",
         sources=sources(),
         include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_compile_args={"cxx": ["-O3", "-std=c++17", "-Wno-unused-parameter"]},
+        extra_compile_args={"cxx": ["-O3", "-std=c++17", "-ffp-contract=off", "-Wno-unused-parameter"]},
     )
 
 

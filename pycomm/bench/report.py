@@ -105,6 +105,7 @@ def preamble(meta: dict[str, object], config: BenchConfig) -> list[str]:
         f"# backends: {labels}; dtype {config.dtype}; check {'on' if config.check else 'off'}",
         f"# warmup {config.warmup}, iters {iters}, reps {config.reps}: time = median over reps of the slowest rank",
         "# size = max(bytes sent, bytes received) per rank and busbw as nccl-tests; ratio = busbw / first backend's",
+        f"# memcpy bandwidth of rank 0 in this run: {meta.get('memcpy_GBps', 0.0):.2f} GB/s",
     ]
     lines += [f"# note: {note}" for note in config.notes]
     lines.append("#")

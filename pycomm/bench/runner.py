@@ -102,6 +102,7 @@ class _Sweep:
             "host": hosts[0],
             "hosts": unique_hosts,
             "torch_version": torch.__version__,
+            "memcpy_GBps": _memcpy_bandwidth(),
             "python_version": platform.python_version(),
             "pycomm_version": getattr(pycomm, "__version__", None) if pycomm else None,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -202,3 +203,20 @@ def spawn_entry(rank: int, world: int, config: BenchConfig, store_addr: tuple[st
     finally:
         results.put((rank, code, message))  # type: ignore[attr-defined]
     sys.exit(code)
+
+
+def _memcpy_bandwidth(nbytes: int = 64 << 20, reps: int = 5) -> float:
+    """This rank's copy bandwidth in GB/s (median of a few 64 MiB copies), measured in the same run
+    as the collectives, so busbw can be read as a fraction of what the memory can do."""
+    import statistics
+    import time
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in first
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times) / 1e9

@@ -7,6 +7,7 @@
 
 #include "../error.h"
 #include "half.h"
+#include "multiversion.h"
 
 namespace pycomm::codecs {
 namespace {
@@ -147,6 +148,7 @@ void scaleHalf(uint16_t* buf, size_t count, double factor) {
 
 }  // namespace
 
+PYCOMM_MULTIVERSION
 void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0) return;
   if (dtype == DataType::kBool) {
@@ -222,6 +224,7 @@ bool reduceManyHalfDispatch(void* dst, const void* const* srcs, size_t nsrcs, si
 
 }  // namespace
 
+PYCOMM_MULTIVERSION
 void reduceMany(void* dst, const void* const* srcs, size_t nsrcs, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0 || nsrcs == 0) return;
   if (dtype == DataType::kFloat16 && reduceManyHalfDispatch<fp16ToFloat, floatToFp16>(dst, srcs, nsrcs, count, op)) return;
@@ -230,6 +233,7 @@ void reduceMany(void* dst, const void* const* srcs, size_t nsrcs, size_t count, 
   for (size_t s = 1; s < nsrcs; ++s) reduceInto(dst, srcs[s], count, dtype, op);
 }
 
+PYCOMM_MULTIVERSION
 void scaleBuffer(void* buf, size_t count, DataType dtype, double factor) {
   switch (dtype) {
     case DataType::kFloat32: {

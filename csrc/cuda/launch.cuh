@@ -1,0 +1,44 @@
+// Launch helpers shared by the kernels of this folder: grid sizing, launch checks and a warp max.
+// Internal to csrc/cuda (needs nvcc for the device part).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "peel.cuh"
+
+namespace pycomm::cuda::detail {
+
+constexpr int kThreads = 256;  // threads per CTA of every kernel here
+constexpr int kWarpsPerCta = kThreads / 32;
+
+// CTAs that fit on the current device at once (SMs x CTAs per SM at full occupancy), cached per
+// device; the cap of every grid-stride launch. Throws pycomm::Error if the runtime fails.
+int residentCtas();
+
+// Grid for `items` work items of one thread each: enough CTAs to cover them, at most residentCtas().
+unsigned gridFor(size_t items, int itemsPerCta = kThreads);
+
+// Throws pycomm::Error naming `what` if the launch just made failed (cudaGetLastError).
+void checkLaunch(const char* what);
+
+#if defined(__CUDACC__)
+
+// Max over the 32 lanes of a warp (all lanes must call it).
+__device__ __forceinline__ uint32_t warpMax(uint32_t v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = other > v ? other : v;
+  }
+  return v;
+#endif
+}
+
+#endif  // __CUDACC__
+
+}  // namespace pycomm::cuda::detail
