@@ -174,12 +174,38 @@ void Communicator::enqueue(std::function<void()> task) {
   queueCv_.notify_one();
 }
 
+void Communicator::runOrEnqueue(std::function<void()> task) {
+  {
+    std::unique_lock<std::mutex> lock(queueMutex_);
+    PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix(), " the process group was shut down");
+    if (!queue_.empty() || running_) {
+      queue_.push_back(std::move(task));
+      lock.unlock();
+      queueCv_.notify_one();
+      return;
+    }
+    running_ = true;
+  }
+  try {
+    task();
+  } catch (const std::exception& e) {
+    logger_.warn(strCat("an inline task threw: ", e.what()));
+  }
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    running_ = false;
+  }
+  queueCv_.notify_one();
+  idleCv_.notify_all();
+}
+
 void Communicator::workerLoop() {
   while (true) {
     std::function<void()> task;
     {
       std::unique_lock<std::mutex> lock(queueMutex_);
-      queueCv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      // A task running inline on a caller's thread holds the turn: wait for it.
+      queueCv_.wait(lock, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !running_); });
       if (queue_.empty()) break;
       task = std::move(queue_.front());
       queue_.pop_front();

@@ -45,6 +45,9 @@ class Communicator {
 
   // Runs `task` on the worker thread after every task enqueued before it.
   void enqueue(std::function<void()> task);
+  // For a caller that will wait anyway: runs `task` on the calling thread when nothing is queued
+  // or running (so issue order holds), which saves two thread hand-offs; otherwise enqueues it.
+  void runOrEnqueue(std::function<void()> task);
   // Waits until every enqueued task ran, or the timeout passes (then returns false).
   bool drain(std::chrono::milliseconds timeout);
   // Stops the worker after the queued tasks, then closes the transport. Idempotent.

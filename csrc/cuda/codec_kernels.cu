@@ -54,7 +54,7 @@ template <typename C>
 __global__ void __launch_bounds__(kThreads)
     encode16Kernel(const float* __restrict__ in, size_t count, uint8_t* __restrict__ out, Peel peel) {
   detail::peeledLoop<8>(
-      count, peel,
+      detail::gridThread(), detail::gridThreads(), count, peel,
       [&](size_t i) {
         float v[8];
         load8(in + i, v);
@@ -70,7 +70,7 @@ template <typename C>
 __global__ void __launch_bounds__(kThreads)
     decode16Kernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ out, Peel peel) {
   detail::peeledLoop<8>(
-      count, peel,
+      detail::gridThread(), detail::gridThreads(), count, peel,
       [&](size_t i) {
         Codes8 c;
         c.u = *reinterpret_cast<const uint4*>(in + 2 * i);
@@ -86,7 +86,7 @@ template <typename C>
 __global__ void __launch_bounds__(kThreads)
     decodeAdd16Kernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ acc, Peel peel) {
   detail::peeledLoop<8>(
-      count, peel,
+      detail::gridThread(), detail::gridThreads(), count, peel,
       [&](size_t i) {
         Codes8 c;
         c.u = *reinterpret_cast<const uint4*>(in + 2 * i);
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) decodeAddEncode16Kernel(const uint8_
     return scaled ? ops::mul(s, scale) : s;
   };
   detail::peeledLoop<8>(
-      count, peel,
+      detail::gridThread(), detail::gridThreads(), count, peel,
       [&](size_t i) {
         Codes8 c;
         c.u = *reinterpret_cast<const uint4*>(in + 2 * i);

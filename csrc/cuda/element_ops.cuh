@@ -276,6 +276,38 @@ struct Bf16 {
   PYCOMM_HD static float decode(uint16_t h) { return bf16ToFloat(h); }
 };
 
+// ---- combining two stored elements of a dtype (reduce.cc's loops) ---------------------------------------
+//
+// R::T is how the dtype is stored, R::apply(a, b) the stored result of a op b; reduceInto's kernel is
+// instantiated once per R.
+template <typename Op, typename Type>
+struct Native {  // float32, float64, int32, int64: the op on the type itself
+  using T = Type;
+  PYCOMM_HD static T apply(T a, T b) { return Op::apply(a, b); }
+};
+
+template <typename Op, typename Conv>
+struct Half {  // float16, bfloat16: widened to fp32, one operation, rounded once
+  using T = uint16_t;
+  PYCOMM_HD static T apply(T a, T b) {
+    return Conv::encode(Op::apply(Conv::decode(a), Conv::decode(b)));
+  }
+};
+
+template <typename Op, typename I>
+struct Narrow {  // int8, uint8, int16: computed in int32, truncated back
+  using T = I;
+  PYCOMM_HD static T apply(T a, T b) {
+    return static_cast<T>(Op::apply(static_cast<int32_t>(a), static_cast<int32_t>(b)));
+  }
+};
+
+template <typename BoolOp>
+struct Bool {  // bool: one byte, normalized to 0/1
+  using T = uint8_t;
+  PYCOMM_HD static T apply(T a, T b) { return BoolOp::apply(a, b); }
+};
+
 // ---- fp8 scalar conversions (fp8.h) -----------------------------------------------------------------
 
 PYCOMM_HD uint8_t floatToFp8E4M3(float f) {

@@ -12,35 +12,6 @@ namespace {
 using detail::kThreads;
 using detail::Peel;
 
-// How a dtype is stored (T) and how two stored elements combine under Op, as reduce.cc does it.
-template <typename Op, typename Float>
-struct Native {  // float32, float64, int32, int64: the op on the type itself
-  using T = Float;
-  __device__ __forceinline__ static T apply(T a, T b) { return Op::apply(a, b); }
-};
-
-template <typename Op, typename Conv>
-struct Half {  // float16, bfloat16: widened to fp32, one operation, rounded once
-  using T = uint16_t;
-  __device__ __forceinline__ static T apply(T a, T b) {
-    return Conv::encode(Op::apply(Conv::decode(a), Conv::decode(b)));
-  }
-};
-
-template <typename Op, typename I>
-struct Narrow {  // int8, uint8, int16: computed in int32, truncated back
-  using T = I;
-  __device__ __forceinline__ static T apply(T a, T b) {
-    return static_cast<T>(Op::apply(static_cast<int32_t>(a), static_cast<int32_t>(b)));
-  }
-};
-
-template <typename BoolOp>
-struct Bool {  // bool: one byte, normalized to 0/1
-  using T = uint8_t;
-  __device__ __forceinline__ static T apply(T a, T b) { return BoolOp::apply(a, b); }
-};
-
 // dst[i] = R::apply(dst[i], src[i]): 16 bytes per access in the aligned body, grid-stride.
 template <typename R>
 __global__ void __launch_bounds__(kThreads)
@@ -52,7 +23,7 @@ __global__ void __launch_bounds__(kThreads)
     T v[V];
   };
   detail::peeledLoop<V>(
-      count, peel,
+      detail::gridThread(), detail::gridThreads(), count, peel,
       [&](size_t i) {
         Pack a;
         Pack b;
@@ -80,15 +51,15 @@ void launch(void* dst, const void* src, size_t count, cudaStream_t stream) {
 template <typename Op>
 void dispatchArithmetic(void* dst, const void* src, size_t count, DataType dtype, cudaStream_t stream) {
   switch (dtype) {
-    case DataType::kFloat32: return launch<Native<Op, float>>(dst, src, count, stream);
-    case DataType::kFloat64: return launch<Native<Op, double>>(dst, src, count, stream);
-    case DataType::kFloat16: return launch<Half<Op, ops::Fp16>>(dst, src, count, stream);
-    case DataType::kBFloat16: return launch<Half<Op, ops::Bf16>>(dst, src, count, stream);
-    case DataType::kInt8: return launch<Narrow<Op, int8_t>>(dst, src, count, stream);
-    case DataType::kUInt8: return launch<Narrow<Op, uint8_t>>(dst, src, count, stream);
-    case DataType::kInt16: return launch<Narrow<Op, int16_t>>(dst, src, count, stream);
-    case DataType::kInt32: return launch<Native<Op, int32_t>>(dst, src, count, stream);
-    case DataType::kInt64: return launch<Native<Op, int64_t>>(dst, src, count, stream);
+    case DataType::kFloat32: return launch<ops::Native<Op, float>>(dst, src, count, stream);
+    case DataType::kFloat64: return launch<ops::Native<Op, double>>(dst, src, count, stream);
+    case DataType::kFloat16: return launch<ops::Half<Op, ops::Fp16>>(dst, src, count, stream);
+    case DataType::kBFloat16: return launch<ops::Half<Op, ops::Bf16>>(dst, src, count, stream);
+    case DataType::kInt8: return launch<ops::Narrow<Op, int8_t>>(dst, src, count, stream);
+    case DataType::kUInt8: return launch<ops::Narrow<Op, uint8_t>>(dst, src, count, stream);
+    case DataType::kInt16: return launch<ops::Narrow<Op, int16_t>>(dst, src, count, stream);
+    case DataType::kInt32: return launch<ops::Native<Op, int32_t>>(dst, src, count, stream);
+    case DataType::kInt64: return launch<ops::Native<Op, int64_t>>(dst, src, count, stream);
     default: throw InternalError(strCat("cuda reduce: unexpected dtype ", dtypeName(dtype)));
   }
 }
@@ -96,11 +67,11 @@ void dispatchArithmetic(void* dst, const void* src, size_t count, DataType dtype
 template <typename Op>
 void dispatchBitwise(void* dst, const void* src, size_t count, DataType dtype, cudaStream_t stream) {
   switch (dtype) {
-    case DataType::kInt8: return launch<Narrow<Op, int8_t>>(dst, src, count, stream);
-    case DataType::kUInt8: return launch<Narrow<Op, uint8_t>>(dst, src, count, stream);
-    case DataType::kInt16: return launch<Narrow<Op, int16_t>>(dst, src, count, stream);
-    case DataType::kInt32: return launch<Native<Op, int32_t>>(dst, src, count, stream);
-    case DataType::kInt64: return launch<Native<Op, int64_t>>(dst, src, count, stream);
+    case DataType::kInt8: return launch<ops::Narrow<Op, int8_t>>(dst, src, count, stream);
+    case DataType::kUInt8: return launch<ops::Narrow<Op, uint8_t>>(dst, src, count, stream);
+    case DataType::kInt16: return launch<ops::Narrow<Op, int16_t>>(dst, src, count, stream);
+    case DataType::kInt32: return launch<ops::Native<Op, int32_t>>(dst, src, count, stream);
+    case DataType::kInt64: return launch<ops::Native<Op, int64_t>>(dst, src, count, stream);
     default: throw InvalidUsageError(strCat("reduce: bitwise op on non-integer dtype ", dtypeName(dtype)));
   }
 }
@@ -114,13 +85,13 @@ void reduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
       case ReduceOp::kSum:
       case ReduceOp::kMax:
       case ReduceOp::kBor:
-        return launch<Bool<ops::BoolOr>>(dst, src, count, stream);
+        return launch<ops::Bool<ops::BoolOr>>(dst, src, count, stream);
       case ReduceOp::kProduct:
       case ReduceOp::kMin:
       case ReduceOp::kBand:
-        return launch<Bool<ops::BoolAnd>>(dst, src, count, stream);
+        return launch<ops::Bool<ops::BoolAnd>>(dst, src, count, stream);
       case ReduceOp::kBxor:
-        return launch<Bool<ops::BoolXor>>(dst, src, count, stream);
+        return launch<ops::Bool<ops::BoolXor>>(dst, src, count, stream);
       default:
         break;
     }

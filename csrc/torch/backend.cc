@@ -192,12 +192,15 @@ void PycommBackend::setAlgorithm(const std::string& name) {
 
 void PycommBackend::abort() { comm_->abort("abort() was called"); }
 
-void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body) {
+void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body,
+                                bool inlineOk) {
+  bool coalescing;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
-    if (coalescing_) coalesced_.push_back(work);
+    coalescing = coalescing_;
+    if (coalescing) coalesced_.push_back(work);
   }
-  comm_->enqueue([work, body = std::move(body)] {
+  auto task = [work, body = std::move(body)] {
     try {
       body();
     } catch (const std::exception&) {
@@ -205,15 +208,20 @@ void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std:
       return;
     }
     work->complete(nullptr);
-  });
+  };
+  if (inlineOk && !coalescing) {
+    comm_->runOrEnqueue(std::move(task));
+  } else {
+    comm_->enqueue(std::move(task));
+  }
 }
 
 c10::intrusive_ptr<PycommWork> PycommBackend::submit(OpType opType, const char* title,
                                                      std::vector<at::Tensor> outputs,
-                                                     std::function<void()> body) {
+                                                     std::function<void()> body, bool inlineOk) {
   auto work = c10::make_intrusive<PycommWork>(rank_, opType, title, c10::IValue(std::move(outputs)),
                                               tensorListType());
-  enqueueWork(work, std::move(body));
+  enqueueWork(work, std::move(body), inlineOk);
   return work;
 }
 
@@ -270,7 +278,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::broadcast(std::vector<at::Tensor
   return submit(OpType::BROADCAST, "pycomm:broadcast", {t}, [comm, c, layout, root] {
     comm->broadcast(c.flat.data_ptr(), layout.count(c.flat), layout.dtype, root);
     c.copyBack();
-  });
+  }, !opts.asyncOp);
 }
 
 std::optional<codecs::Codec> PycommBackend::compressionFor(const at::Tensor& t,
@@ -328,7 +336,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor
   const at::Tensor& t = v.single(tensors);
   v.reduceOp(opts.reduceOp, t);  // validate now, on the caller's thread
   const ::c10d::ReduceOp op = opts.reduceOp;
-  return submit(OpType::ALLREDUCE, "pycomm:all_reduce", {t}, [this, t, op] { allreduceNow(t, op); });
+  return submit(OpType::ALLREDUCE, "pycomm:all_reduce", {t}, [this, t, op] { allreduceNow(t, op); },
+                !opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
@@ -737,9 +746,9 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall(std::vector<at::Tensor>
                 });
 }
 
-c10::intrusive_ptr<::c10d::Work> PycommBackend::barrier(const ::c10d::BarrierOptions&) {
+c10::intrusive_ptr<::c10d::Work> PycommBackend::barrier(const ::c10d::BarrierOptions& opts) {
   auto comm = comm_;
-  return submit(OpType::BARRIER, "pycomm:barrier", {}, [comm] { comm->barrier(); });
+  return submit(OpType::BARRIER, "pycomm:barrier", {}, [comm] { comm->barrier(); }, !opts.asyncOp);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -87,12 +87,14 @@ class PycommBackend final : public ::c10d::Backend {
 
  private:
   // Queues `body` on the worker; the Work completes with its outcome. `outputs` feed the future.
+  // `inlineOk`: the caller waits at once (a synchronous op), so the op may run on its thread.
   c10::intrusive_ptr<PycommWork> submit(::c10d::OpType opType, const char* title,
-                                        std::vector<at::Tensor> outputs, std::function<void()> body);
+                                        std::vector<at::Tensor> outputs, std::function<void()> body,
+                                        bool inlineOk = false);
   c10::intrusive_ptr<PycommWork> submitNested(::c10d::OpType opType, const char* title,
                                               std::vector<std::vector<at::Tensor>> outputs,
                                               std::function<void()> body);
-  void enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body);
+  void enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body, bool inlineOk = false);
   void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
   // The group's codec if `t` and `op` qualify for compression (fp32, SUM or AVG).
   std::optional<codecs::Codec> compressionFor(const at::Tensor& t, const ::c10d::ReduceOp* op) const;
