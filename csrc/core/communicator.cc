@@ -61,9 +61,9 @@ constexpr size_t kShortMessageBytes = 64 * 1024;
 
 Communicator::Communicator(const Config& config, Store& store)
     : config_(config),
-      timeoutMs_(config.timeout.count()),
       logger_(config.logLevel, strCat("[rank ", config.rank, "/", config.size, " group ",
-                                      config.groupName.empty() ? "default" : config.groupName, "]")) {
+                                      config.groupName.empty() ? "default" : config.groupName, "]")),
+      timeoutMs_(config.timeout.count()) {
   PYCOMM_CHECK(config.size >= 1 && config.rank >= 0 && config.rank < config.size, InvalidUsageError,
                "invalid rank ", config.rank, " for a group of ", config.size);
   PYCOMM_CHECK(config.chunkBytes >= 64, InvalidUsageError, "chunk_bytes must be at least 64, got ",
@@ -107,20 +107,19 @@ void Communicator::setupSharedMemory(Store& store) {
   if (order.size() > 1 && (!uniform || local.size() < 2)) return;  // plain TCP serves best
 
   // Every rank runs exactly one barrier below, so sequence numbers stay equal across the group.
+  // The segment's name derives from the group's random token, so any rank can remove it.
+  const auto token = store.get("pycomm/token", timeout());
+  std::string tokenHex;
+  for (size_t i = 0; i < std::min<size_t>(token.size(), 12); ++i) tokenHex += strCat(std::hex, (token[i] >> 4) & 0xf, token[i] & 0xf);
   auto makeGroup = [&](int groupRank, int groupSize, const std::string& key, transport::Transport& barrierOver) {
     return std::make_unique<algorithms::ShmGroup>(
-        groupRank, groupSize, config_.shmSlotBytes,
-        [&](const std::string& name) { store.set(key, std::vector<uint8_t>(name.begin(), name.end())); },
-        [&] {
-          auto name = store.get(key, timeout());
-          return std::string(name.begin(), name.end());
-        },
+        groupRank, groupSize, config_.shmSlotBytes, strCat("/pycomm-", tokenHex, "-", hostIndex),
+        [&] { store.set(key, {1}); },
+        [&] { store.get(key, timeout()); },
         [&] {
           runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0), "dissemination",
                         [&](Op& o) {
-                          Op sub(barrierOver, o.seq(), makeSignature(OpKind::kBarrier, DataType::kUInt8,
-                                                                     ReduceOp::kSum, -1, 0),
-                                 o.context(), o.deadline(), timeout());
+                          Op sub(barrierOver, o.seq(), o.signature(), o.context(), o.deadline(), timeout());
                           algorithms::disseminationBarrier(sub);
                         });
         });
@@ -268,12 +267,16 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
                                             algorithm, " ", transportName, " seq=", seq),
         start + timeout(), timeout());
   try {
+    transport_->beginOp(seq, signature);
     body(op);
     op.finish();
   } catch (const std::exception& e) {
     op.fail(e.what());
     throw;
   }
+  // This op completed everywhere it could; an earlier one that had completed here failed on a
+  // peer. Raise that now, after this op, so the ranks stay in step and every rank hears of it.
+  if (std::string late = transport_->takeLateFailure(); !late.empty()) throw RemoteError(late);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
   static const char* const kCodecs[] = {"", "/fp16", "/bf16", "/fp8_e4m3", "/fp8_e5m2"};
   record(strCat(transport::opKindName(signature.kind), kCodecs[signature.codec <= 4 ? signature.codec : 0]),
@@ -502,8 +505,8 @@ void Communicator::hierarchicalAllreduce(Op& o, uint8_t* data, size_t count, Dat
   Segments slices(count, h.localSize);
   uint8_t* slice = data + slices.offset(h.localRank) * esize;
   const size_t n = slices.length(h.localRank);
-  Op cross(*h.cross, o.seq(), makeSignature(OpKind::kAllreduce, dtype, op, -1, n), o.context() + " (across hosts)",
-           o.deadline(), timeout());
+  // Same signature as the whole op: frames of one seq must all agree (TcpTransport::beginOp).
+  Op cross(*h.cross, o.seq(), o.signature(), o.context() + " (across hosts)", o.deadline(), timeout());
   try {
     const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
     if (algorithm == Algorithm::kTree) {

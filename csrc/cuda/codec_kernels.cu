@@ -122,34 +122,39 @@ __global__ void __launch_bounds__(kThreads) decodeAddEncode16Kernel(const uint8_
       [&](size_t i) { storeCode16(out + 2 * i, C::encode(sum(acc[i], loadCode16(in + 2 * i)))); });
 }
 
-unsigned grid16(size_t count, Peel peel) {
+template <typename Kernel>
+unsigned grid16(Kernel* kernel, size_t count, Peel peel) {
   const size_t scalars = count - peel.nvec * 8;
-  return detail::gridFor(peel.nvec > scalars ? peel.nvec : scalars);
+  return detail::gridFor(kernel, peel.nvec > scalars ? peel.nvec : scalars);
 }
 
 template <typename C>
 void encode16(const float* in, size_t count, uint8_t* out, cudaStream_t stream) {
   const Peel peel = detail::peelFor(count, 8, {{in, 4}, {out, 2}});
-  encode16Kernel<C><<<grid16(count, peel), kThreads, 0, stream>>>(in, count, out, peel);
+  auto* kernel = encode16Kernel<C>;
+  kernel<<<grid16(kernel, count, peel), kThreads, 0, stream>>>(in, count, out, peel);
 }
 
 template <typename C>
 void decode16(const uint8_t* in, size_t count, float* out, cudaStream_t stream) {
   const Peel peel = detail::peelFor(count, 8, {{in, 2}, {out, 4}});
-  decode16Kernel<C><<<grid16(count, peel), kThreads, 0, stream>>>(in, count, out, peel);
+  auto* kernel = decode16Kernel<C>;
+  kernel<<<grid16(kernel, count, peel), kThreads, 0, stream>>>(in, count, out, peel);
 }
 
 template <typename C>
 void decodeAdd16(const uint8_t* in, size_t count, float* acc, cudaStream_t stream) {
   const Peel peel = detail::peelFor(count, 8, {{in, 2}, {acc, 4}});
-  decodeAdd16Kernel<C><<<grid16(count, peel), kThreads, 0, stream>>>(in, count, acc, peel);
+  auto* kernel = decodeAdd16Kernel<C>;
+  kernel<<<grid16(kernel, count, peel), kThreads, 0, stream>>>(in, count, acc, peel);
 }
 
 template <typename C>
 void decodeAddEncode16(const uint8_t* in, const float* acc, size_t count, uint8_t* out, float scale,
                        cudaStream_t stream) {
   const Peel peel = detail::peelFor(count, 8, {{in, 2}, {acc, 4}, {out, 2}});
-  decodeAddEncode16Kernel<C><<<grid16(count, peel), kThreads, 0, stream>>>(in, acc, count, out, scale, peel);
+  auto* kernel = decodeAddEncode16Kernel<C>;
+  kernel<<<grid16(kernel, count, peel), kThreads, 0, stream>>>(in, acc, count, out, scale, peel);
 }
 
 // ---- fp8: one warp per 256-element block -------------------------------------------------------------
@@ -368,43 +373,36 @@ __global__ void __launch_bounds__(kThreads) decodeAddEncodeFp8Kernel(const uint8
   });
 }
 
-unsigned gridFp8(size_t count) { return detail::gridFor((count + kBlock - 1) / kBlock, kWarpsPerCta); }
+template <typename Kernel>
+unsigned gridFp8(Kernel* kernel, size_t count) {
+  return detail::gridFor(kernel, (count + kBlock - 1) / kBlock, kWarpsPerCta);
+}
 
 template <typename F>
 void encodeFp8(const float* in, size_t count, uint8_t* out, cudaStream_t stream) {
-  if (isAligned(in, 16) && isAligned(out, 4)) {
-    encodeFp8Kernel<F, true><<<gridFp8(count), kThreads, 0, stream>>>(in, count, out);
-  } else {
-    encodeFp8Kernel<F, false><<<gridFp8(count), kThreads, 0, stream>>>(in, count, out);
-  }
+  auto* kernel = (isAligned(in, 16) && isAligned(out, 4)) ? encodeFp8Kernel<F, true> : encodeFp8Kernel<F, false>;
+  kernel<<<gridFp8(kernel, count), kThreads, 0, stream>>>(in, count, out);
 }
 
 template <typename F>
 void decodeFp8(const uint8_t* in, size_t count, float* out, cudaStream_t stream) {
-  if (isAligned(in, 4) && isAligned(out, 16)) {
-    decodeFp8Kernel<F, true><<<gridFp8(count), kThreads, 0, stream>>>(in, count, out);
-  } else {
-    decodeFp8Kernel<F, false><<<gridFp8(count), kThreads, 0, stream>>>(in, count, out);
-  }
+  auto* kernel = (isAligned(in, 4) && isAligned(out, 16)) ? decodeFp8Kernel<F, true> : decodeFp8Kernel<F, false>;
+  kernel<<<gridFp8(kernel, count), kThreads, 0, stream>>>(in, count, out);
 }
 
 template <typename F>
 void decodeAddFp8(const uint8_t* in, size_t count, float* acc, cudaStream_t stream) {
-  if (isAligned(in, 4) && isAligned(acc, 16)) {
-    decodeAddFp8Kernel<F, true><<<gridFp8(count), kThreads, 0, stream>>>(in, count, acc);
-  } else {
-    decodeAddFp8Kernel<F, false><<<gridFp8(count), kThreads, 0, stream>>>(in, count, acc);
-  }
+  const bool aligned = isAligned(in, 4) && isAligned(acc, 16);
+  auto* kernel = aligned ? decodeAddFp8Kernel<F, true> : decodeAddFp8Kernel<F, false>;
+  kernel<<<gridFp8(kernel, count), kThreads, 0, stream>>>(in, count, acc);
 }
 
 template <typename F>
 void decodeAddEncodeFp8(const uint8_t* in, const float* acc, size_t count, uint8_t* out, float scale,
                         cudaStream_t stream) {
-  if (isAligned(in, 4) && isAligned(acc, 16) && isAligned(out, 4)) {
-    decodeAddEncodeFp8Kernel<F, true><<<gridFp8(count), kThreads, 0, stream>>>(in, acc, count, out, scale);
-  } else {
-    decodeAddEncodeFp8Kernel<F, false><<<gridFp8(count), kThreads, 0, stream>>>(in, acc, count, out, scale);
-  }
+  const bool aligned = isAligned(in, 4) && isAligned(acc, 16) && isAligned(out, 4);
+  auto* kernel = aligned ? decodeAddEncodeFp8Kernel<F, true> : decodeAddEncodeFp8Kernel<F, false>;
+  kernel<<<gridFp8(kernel, count), kThreads, 0, stream>>>(in, acc, count, out, scale);
 }
 
 [[noreturn]] void badCodec(Codec codec) {

@@ -1,14 +1,13 @@
 #include "launch.cuh"
 
-#include <atomic>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "core/error.h"
 
 namespace pycomm::cuda::detail {
 namespace {
-
-constexpr int kMaxDevices = 64;
-std::atomic<int> residentCache[kMaxDevices];  // 0: not yet known
 
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
@@ -18,29 +17,32 @@ void check(cudaError_t err, const char* what) {
 
 }  // namespace
 
-int residentCtas() {
+int residentCtas(const void* kernel) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, int> cache;
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  if (device >= 0 && device < kMaxDevices) {
-    const int cached = residentCache[device].load(std::memory_order_relaxed);
-    if (cached > 0) return cached;
+  const auto key = std::make_pair(device, kernel);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
   }
   int sms = 0;
-  int threadsPerSm = 0;
+  int perSm = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&threadsPerSm, cudaDevAttrMaxThreadsPerMultiProcessor, device),
-        "cudaDeviceGetAttribute");
-  int ctasPerSm = threadsPerSm / kThreads;
-  if (ctasPerSm < 1) ctasPerSm = 1;
-  int resident = sms * ctasPerSm;
-  if (resident < 1) resident = 1;
-  if (device >= 0 && device < kMaxDevices) residentCache[device].store(resident, std::memory_order_relaxed);
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kThreads, 0),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  const int resident = (sms > 0 ? sms : 1) * (perSm > 0 ? perSm : 1);
+  std::lock_guard<std::mutex> lock(mutex);
+  cache[key] = resident;
   return resident;
 }
 
-unsigned gridFor(size_t items, int itemsPerCta) {
-  const size_t needed = (items + static_cast<size_t>(itemsPerCta) - 1) / static_cast<size_t>(itemsPerCta);
-  const size_t cap = static_cast<size_t>(residentCtas());
+unsigned gridFor(const void* kernel, size_t items, int itemsPerCta) {
+  const size_t per = static_cast<size_t>(itemsPerCta);
+  const size_t needed = (items + per - 1) / per;
+  const size_t cap = static_cast<size_t>(residentCtas(kernel));
   const size_t grid = needed < cap ? needed : cap;
   return static_cast<unsigned>(grid > 0 ? grid : 1);
 }

@@ -14,12 +14,19 @@ namespace pycomm::cuda::detail {
 constexpr int kThreads = 256;  // threads per CTA of every kernel here
 constexpr int kWarpsPerCta = kThreads / 32;
 
-// CTAs that fit on the current device at once (SMs x CTAs per SM at full occupancy), cached per
-// device; the cap of every grid-stride launch. Throws pycomm::Error if the runtime fails.
-int residentCtas();
+// CTAs of `kernel` (launched with kThreads threads, no dynamic shared memory) resident on the
+// current device at once: SMs x the kernel's occupancy, cached per (device, kernel). Throws
+// pycomm::Error if the runtime fails.
+int residentCtas(const void* kernel);
 
-// Grid for `items` work items of one thread each: enough CTAs to cover them, at most residentCtas().
-unsigned gridFor(size_t items, int itemsPerCta = kThreads);
+// Grid of a grid-stride launch of `kernel` over `items` work items, itemsPerCta per CTA and step:
+// enough CTAs to cover them, at most one full wave (residentCtas), so every CTA gets the same share.
+unsigned gridFor(const void* kernel, size_t items, int itemsPerCta);
+
+template <typename Kernel>
+unsigned gridFor(Kernel* kernel, size_t items, int itemsPerCta = kThreads) {
+  return gridFor(reinterpret_cast<const void*>(kernel), items, itemsPerCta);
+}
 
 // Throws pycomm::Error naming `what` if the launch just made failed (cudaGetLastError).
 void checkLaunch(const char* what);

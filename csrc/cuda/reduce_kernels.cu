@@ -43,8 +43,9 @@ void launch(void* dst, const void* src, size_t count, cudaStream_t stream) {
   const Peel peel = detail::peelFor(count, V, {{dst, sizeof(T)}, {src, sizeof(T)}});
   const size_t scalars = count - peel.nvec * V;
   const size_t items = peel.nvec > scalars ? peel.nvec : scalars;
-  reduceKernel<R><<<detail::gridFor(items), kThreads, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src),
-                                                                   count, peel);
+  auto* kernel = reduceKernel<R>;
+  kernel<<<detail::gridFor(kernel, items), kThreads, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src),
+                                                                  count, peel);
   detail::checkLaunch("reduceInto");
 }
 

@@ -21,6 +21,7 @@ void chainBroadcast(Op& op, uint8_t* data, size_t nbytes, int root, size_t chunk
       auto [offset, length] = bounds(c);
       op.send(next, static_cast<uint32_t>(c), data + offset, length);
     }
+    op.recv(next, kAckSlot, nullptr, 0);
     op.waitAll();
     return;
   }
@@ -37,6 +38,8 @@ void chainBroadcast(Op& op, uint8_t* data, size_t nbytes, int root, size_t chunk
       op.send(next, static_cast<uint32_t>(c), data + offset, length);
     }
   }
+  op.send(prev, kAckSlot, nullptr, 0);
+  if (position + 1 < p) op.recv(next, kAckSlot, nullptr, 0);
   op.waitAll();
 }
 

@@ -9,11 +9,17 @@ void directGather(Op& op, const uint8_t* in, uint8_t* out, size_t nbytes, int ro
   const int r = op.rank();
   if (r != root) {
     op.send(root, 0, in, nbytes);
+    op.recv(root, kAckSlot, nullptr, 0);
   } else {
+    std::vector<std::shared_ptr<Request>> recvs;
     for (int peer = 0; peer < p; ++peer) {
-      if (peer != r) op.recv(peer, 0, out + peer * nbytes, nbytes);
+      if (peer != r) recvs.push_back(op.recv(peer, 0, out + peer * nbytes, nbytes));
     }
     if (nbytes > 0 && out + r * nbytes != in) std::memmove(out + r * nbytes, in, nbytes);
+    for (auto& recv : recvs) {
+      op.wait(recv);
+      op.send(recv->peer(), kAckSlot, nullptr, 0);
+    }
   }
   op.waitAll();
 }
@@ -22,11 +28,13 @@ void directScatter(Op& op, const uint8_t* in, uint8_t* out, size_t nbytes, int r
   const int p = op.size();
   const int r = op.rank();
   if (r != root) {
-    op.recv(root, 0, out, nbytes);
+    op.wait(op.recv(root, 0, out, nbytes));
+    op.send(root, kAckSlot, nullptr, 0);
   } else {
     for (int i = 1; i < p; ++i) {
       const int peer = (r + i) % p;
       op.send(peer, 0, in + peer * nbytes, nbytes);
+      op.recv(peer, kAckSlot, nullptr, 0);
     }
     if (nbytes > 0 && in + r * nbytes != out) std::memmove(out, in + r * nbytes, nbytes);
   }

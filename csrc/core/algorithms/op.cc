@@ -49,7 +49,7 @@ void Op::waitAll() {
 
 void Op::finish() {
   waitAll();
-  transport_.retire(seq_);
+  transport_.retire(seq_, true);
 }
 
 void Op::fail(const std::string& message) {
@@ -60,7 +60,7 @@ void Op::fail(const std::string& message) {
     if (!transport_.cancel(r, detachDeadline)) break;  // the transport aborted itself
   }
   requests_.clear();
-  transport_.retire(seq_);
+  transport_.retire(seq_, false);
 }
 
 Segments::Segments(size_t count, int parts) : offsets_(parts + 1) {

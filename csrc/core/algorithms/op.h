@@ -32,6 +32,7 @@ class Op {
   const std::string& context() const { return context_; }
   uint64_t seq() const { return seq_; }
   Clock::time_point deadline() const { return deadline_; }
+  const OpSignature& signature() const { return signature_; }
 
   std::shared_ptr<Request> send(int peer, uint32_t slot, const void* data, size_t nbytes);
   std::shared_ptr<Request> recv(int peer, uint32_t slot, void* data, size_t nbytes);
@@ -60,6 +61,16 @@ class Op {
   uint64_t bytesSent_ = 0;
   uint64_t bytesReceived_ = 0;
 };
+
+// Rooted ops in which some rank only sends (a broadcast root, a reduce or gather leaf, a scatter
+// root) end with an empty acknowledgement from each receiver to its sender: it carries the
+// receiver's op signature, so a sender whose peer runs a different op fails too instead of
+// returning as if all went well.
+constexpr uint32_t kAckSlot = 0xfffffff0u;
+// A root that only receives (binomial reduce) first sends its children an empty frame nobody waits
+// for: it carries the root's signature, so ranks that disagree about the root fail at once
+// instead of all waiting for data that never comes.
+constexpr uint32_t kAnnounceSlot = 0xfffffff1u;
 
 // Splits `count` elements into `parts` contiguous segments whose sizes differ by at most one.
 struct Segments {

@@ -15,19 +15,25 @@ size_t alignUp(size_t n) { return (n + 4095) & ~size_t{4095}; }
 
 }  // namespace
 
-ShmGroup::ShmGroup(int rank, int size, size_t slotBytes,
-                   const std::function<void(const std::string&)>& publishName,
-                   const std::function<std::string()>& fetchName, const std::function<void()>& allMapped)
+ShmGroup::ShmGroup(int rank, int size, size_t slotBytes, const std::string& name,
+                   const std::function<void()>& published, const std::function<void()>& awaitCreated,
+                   const std::function<void()>& allMapped)
     : rank_(rank), size_(size), slotBytes_(alignUp(slotBytes)) {
   const size_t bytes = alignUp(sizeof(Control) * size) + size * 4 * slotBytes_;
-  if (rank == 0) {
-    segment_ = transport::shm::Segment::create(bytes);
-    for (int q = 0; q < size; ++q) new (segment_.data() + q * sizeof(Control)) Control();
-    publishName(segment_.name());
-  } else {
-    segment_ = transport::shm::Segment::open(fetchName(), bytes);
+  try {
+    if (rank == 0) {
+      segment_ = transport::shm::Segment::create(name, bytes);
+      for (int q = 0; q < size; ++q) new (segment_.data() + q * sizeof(Control)) Control();
+      published();
+    } else {
+      awaitCreated();
+      segment_ = transport::shm::Segment::open(name, bytes);
+    }
+    allMapped();
+  } catch (...) {
+    transport::shm::Segment::unlinkName(name);
+    throw;
   }
-  allMapped();
   segment_.unlink();
 }
 

@@ -37,10 +37,11 @@ struct ShmWait {
 
 class ShmGroup {
  public:
-  // Rank 0 creates the segment and names it through `publishName`; the others get the name from
-  // `fetchName`. `allMapped` must return once every rank has mapped it; then the name is unlinked.
-  ShmGroup(int rank, int size, size_t slotBytes, const std::function<void(const std::string&)>& publishName,
-           const std::function<std::string()>& fetchName, const std::function<void()>& allMapped);
+  // Rank 0 creates the segment `name` and says so through `published`; the others wait in `awaitCreated`
+  // and map it. `allMapped` must return once every rank has; then the name is unlinked. If setup
+  // fails anywhere, every rank removes the name, so a creator that died leaves no file behind.
+  ShmGroup(int rank, int size, size_t slotBytes, const std::string& name, const std::function<void()>& published,
+           const std::function<void()>& awaitCreated, const std::function<void()>& allMapped);
 
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig, const ShmWait& wait);
   void broadcast(void* data, size_t nbytes, int root, const OpSignature& sig, const ShmWait& wait);

@@ -42,8 +42,17 @@ class Transport {
   // Tells every peer that collective `seq` failed here, so they fail it too instead of waiting.
   virtual void reportFailure(uint64_t seq, const std::string& message) = 0;
 
-  // Every collective up to and including `seq` is over on this rank: late frames for them are dropped.
-  virtual void retire(uint64_t seq) = 0;
+  // Collective `seq` starts here with `signature`: from now on a frame of that seq that says
+  // otherwise fails it at once, whatever slot it is for. Throws if a frame that already arrived
+  // disagrees.
+  virtual void beginOp(uint64_t seq, const OpSignature& signature) = 0;
+
+  // A peer's report that an op which had already completed on this rank failed there (a rank whose
+  // part was only to send, say); empty if none. Taken once.
+  virtual std::string takeLateFailure() = 0;
+
+  // Collective `seq` is over on this rank (and every one before it): late frames for it are dropped.
+  virtual void retire(uint64_t seq, bool succeeded) = 0;
 
   // The error that ended the connection to `peer`, or null while it is alive.
   virtual std::exception_ptr peerFailure(int peer) = 0;

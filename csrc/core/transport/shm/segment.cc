@@ -6,7 +6,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 #include "../../error.h"
 
@@ -22,10 +21,11 @@ void* mapFd(int fd, size_t bytes, const std::string& name) {
 
 }  // namespace
 
-Segment Segment::create(size_t bytes) {
-  std::random_device device;
+void Segment::unlinkName(const std::string& name) { ::shm_unlink(name.c_str()); }
+
+Segment Segment::create(const std::string& name, size_t bytes) {
   Segment s;
-  s.name_ = strCat("/pycomm-", std::hex, device(), device());
+  s.name_ = name;
   int fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   PYCOMM_CHECK(fd >= 0, RemoteError, "shm_open(", s.name_, ") failed: ", std::strerror(errno));
   s.owner_ = true;

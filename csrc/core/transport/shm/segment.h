@@ -1,6 +1,6 @@
 // A POSIX shared-memory segment, mapped for the object's lifetime.
 //
-// The creator picks a random name; peers open it by that name; once every rank has mapped it the
+// The name comes from the group's random token; peers open it by that name; once every rank has mapped it the
 // creator unlinks the name, so nothing is left in /dev/shm even if a process is killed later. The
 // destructor unlinks too, for a group whose setup failed before that point.
 #pragma once
@@ -13,7 +13,8 @@ namespace pycomm::transport::shm {
 
 class Segment {
  public:
-  static Segment create(size_t bytes);
+  // `name` is derived from the group (so every rank can remove it if the creator dies early).
+  static Segment create(const std::string& name, size_t bytes);
   static Segment open(const std::string& name, size_t bytes);
   Segment() = default;
   ~Segment();
@@ -27,6 +28,8 @@ class Segment {
   const std::string& name() const { return name_; }
   // Removes the name (the creator, once every peer has mapped the segment). Idempotent.
   void unlink();
+  // Removes a segment by name, if it exists: cleanup after a setup that failed half way.
+  static void unlinkName(const std::string& name);
 
  private:
   void release();

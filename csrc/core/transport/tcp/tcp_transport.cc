@@ -246,13 +246,60 @@ void TcpTransport::reportFailure(uint64_t seq, const std::string& message) {
   }
 }
 
-void TcpTransport::retire(uint64_t seq) {
+void TcpTransport::beginOp(uint64_t seq, const OpSignature& signature) {
+  std::vector<Completion> completions;
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(matchMutex_);
+    activeOps_[seq] = signature;
+    for (auto& [key, arrived] : arrivedCollective_) {
+      if (std::get<1>(key) == seq && signatureOf(arrived.header) != signature) {
+        failMismatchLocked(arrived.peer, arrived.header, signature, completions);
+        error = failedSeqs_[seq];
+        break;
+      }
+    }
+  }
+  finish(completions);
+  if (!error.empty()) throw InvalidUsageError(error);
+}
+
+std::string TcpTransport::takeLateFailure() {
+  std::lock_guard<std::mutex> lock(matchMutex_);
+  std::string taken;
+  taken.swap(lateFailure_);
+  return taken;
+}
+
+void TcpTransport::failMismatchLocked(int peer, const FrameHeader& header, const OpSignature& ours,
+                                      std::vector<Completion>& completions) {
+  const std::string message =
+      strCat(context(), " ", opKindName(ours.kind), " seq=", header.seq, ": mismatched collectives across ranks: rank ",
+             rank_, " runs ", ours.describe(), " but rank ", peer, " runs ", signatureOf(header).describe());
+  failedSeqs_.emplace(header.seq, message);
+  for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
+    if (std::get<1>(it->first) == header.seq) {
+      completions.push_back({it->second.request, 0, std::get<0>(it->first),
+                             std::make_exception_ptr(InvalidUsageError(message))});
+      it = postedCollective_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TcpTransport::retire(uint64_t seq, bool succeeded) {
   std::lock_guard<std::mutex> lock(matchMutex_);
   retiredSeq_ = std::max(retiredSeq_, seq);
   for (auto it = arrivedCollective_.begin(); it != arrivedCollective_.end();) {
     it = std::get<1>(it->first) <= retiredSeq_ ? arrivedCollective_.erase(it) : std::next(it);
   }
   failedSeqs_.erase(failedSeqs_.begin(), failedSeqs_.upper_bound(retiredSeq_));
+  activeOps_.erase(activeOps_.begin(), activeOps_.upper_bound(retiredSeq_));
+  if (succeeded) {
+    succeeded_.push_back(seq);
+    if (succeeded_.size() > 64) succeeded_.pop_front();
+  }
 }
 
 std::exception_ptr TcpTransport::peerFailure(int peer) {
@@ -499,7 +546,11 @@ void TcpTransport::onHeader(Peer& peer) {
       peer.target = ReadTarget::kErrorText;
     } else if (h.channel == static_cast<uint8_t>(Channel::kCollective)) {
       auto posted = postedCollective_.find(CollectiveKey{peer.rank, h.seq, h.slot});
+      auto active = activeOps_.find(h.seq);
       if (h.seq <= retiredSeq_ || failedSeqs_.count(h.seq) != 0) {
+        peer.target = ReadTarget::kDiscard;
+      } else if (active != activeOps_.end() && signatureOf(h) != active->second) {
+        failMismatchLocked(peer.rank, h, active->second, completions);
         peer.target = ReadTarget::kDiscard;
       } else if (posted != postedCollective_.end()) {
         auto request = posted->second.request;
@@ -580,7 +631,15 @@ void TcpTransport::onPayload(Peer& peer) {
       std::string text(peer.buffer.begin(), peer.buffer.end());
       peer.buffer = {};
       std::lock_guard<std::mutex> lock(matchMutex_);
-      if (h.seq <= retiredSeq_) break;
+      if (h.seq <= retiredSeq_) {
+        // An op that completed here failed elsewhere (a rank that only sent, say): raise it on this
+        // rank's next collective rather than let the ranks drift apart silently.
+        if (std::find(succeeded_.begin(), succeeded_.end(), h.seq) != succeeded_.end() && lateFailure_.empty()) {
+          lateFailure_ = strCat(context(), " collective seq=", h.seq, " completed on this rank but failed on peer ",
+                                peer.rank, ": ", text);
+        }
+        break;
+      }
       const std::string message = strCat(context(), " peer ", peer.rank, " reported a failure: ", text);
       failedSeqs_.emplace(h.seq, message);
       for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
@@ -654,7 +713,7 @@ int TcpTransport::flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>&
 
 void TcpTransport::setPollWrite(Peer& peer, bool enable) {
   epoll_event ev{};
-  ev.events = EPOLLIN | (enable ? EPOLLOUT : 0);
+  ev.events = EPOLLIN | (enable ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   ev.data.u64 = static_cast<uint64_t>(peer.rank);
   if (epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, peer.socket.fd(), &ev) == 0) peer.pollingWrite = enable;
 }
@@ -664,6 +723,14 @@ void TcpTransport::failPeer(Peer& peer, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(matchMutex_);
     if (peer.failure) return;
+    if (!lateFailure_.empty()) {
+      // Say why the peer left, if it told us: its failure is the news, the closed socket the echo.
+      try {
+        std::rethrow_exception(error);
+      } catch (const Error& e) {
+        error = remoteError(strCat(e.what(), "; before that: ", lateFailure_));
+      }
+    }
     peer.failure = error;
     for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
       if (std::get<0>(it->first) == peer.rank) {

@@ -46,7 +46,9 @@ class TcpTransport final : public Transport {
                                  size_t nbytes) override;
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override;
   void reportFailure(uint64_t seq, const std::string& message) override;
-  void retire(uint64_t seq) override;
+  void beginOp(uint64_t seq, const OpSignature& signature) override;
+  std::string takeLateFailure() override;
+  void retire(uint64_t seq, bool succeeded) override;
   std::exception_ptr peerFailure(int peer) override;
   void abort(const std::string& reason) override;
 
@@ -124,6 +126,11 @@ class TcpTransport final : public Transport {
   // Hands an arrived message to a posted receive, if there is one. Called with matchMutex_ held.
   bool deliverArrivedLocked(Arrived& arrived, std::vector<Completion>& completions);
   static void finish(std::vector<Completion>& completions);
+  // A collective frame whose op this rank runs with another signature: records the failure and
+  // fails that op's posted receives. Called with matchMutex_ held.
+  void failMismatchLocked(int peer, const FrameHeader& header, const OpSignature& ours,
+                          std::vector<Completion>& completions);
+
   std::string context() const;
 
   const int rank_;
@@ -142,6 +149,9 @@ class TcpTransport final : public Transport {
   std::deque<PostedP2P> postedP2P_;
   std::deque<Arrived> arrivedP2P_;
   std::map<uint64_t, std::string> failedSeqs_;
+  std::map<uint64_t, OpSignature> activeOps_;  // begun here, not yet retired
+  std::deque<uint64_t> succeeded_;             // recent ops that completed here, for late errors
+  std::string lateFailure_;                    // a peer failed an op that succeeded here
   uint64_t retiredSeq_ = 0;
   std::exception_ptr aborted_;
 

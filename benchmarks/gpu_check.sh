@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# GPU check of the CUDA kernels (csrc/cuda): builds tests/cuda/test_kernels.cu with nvcc against the
+# kernels and the CPU core's codec sources, runs it, and keeps its output.
+#
+#   benchmarks/gpu_check.sh [--quick] [--bench-mib N]
+#
+# The test compares every kernel with the CPU core element by element, bit for bit, and ends with a
+# bandwidth table (GB/s and % of the device's cudaMemcpy device-to-device bandwidth); see the header
+# of tests/cuda/test_kernels.cu. The CPU-only check of the kernels' element code,
+# tests/cuda/test_element_ops_host.cc, runs first.
+#   --quick         skip the sweeps over all 2^32 fp32 inputs (host and device)
+#   --bench-mib N   fp32 buffer size of the timing section (default 256)
+#
+# Output: $OUT/gpu_check.txt if OUT is set (a folder), else benchmarks/results/gpu_check.txt.
+# Build products: build/gpu_check/. Environment: NVCC (default nvcc), GPU_ARCH (default: native,
+# falling back to the compute capability nvidia-smi reports).
+# Exit status: 0 all passed, or no GPU here (nvidia-smi missing: a message, nothing checked);
+# 1 a mismatch or a build failure; 2 a CUDA runtime error.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+QUICK=0
+TEST_ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --quick) QUICK=1; TEST_ARGS+=(--quick); shift ;;
+    --bench-mib) TEST_ARGS+=(--bench-mib "$2"); shift 2 ;;
+    *) echo "gpu_check: unknown argument $1" >&2; exit 1 ;;
+  esac
+done
+
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  echo "gpu_check: no GPU (nvidia-smi not found); nothing checked"
+  exit 0
+fi
+if ! GPU_LIST="$(nvidia-smi -L 2>&1)" || [[ -z "$GPU_LIST" ]]; then
+  echo "gpu_check: no GPU (nvidia-smi -L failed: ${GPU_LIST:-no output}); nothing checked"
+  exit 0
+fi
+
+NVCC="${NVCC:-nvcc}"
+if ! command -v "$NVCC" >/dev/null 2>&1; then
+  if [[ -x /usr/local/cuda/bin/nvcc ]]; then NVCC=/usr/local/cuda/bin/nvcc; else
+    echo "gpu_check: a GPU is present but nvcc is not found (set NVCC)" >&2
+    exit 1
+  fi
+fi
+CXX="${CXX:-g++}"
+
+if [[ -n "${OUT:-}" ]]; then
+  mkdir -p "$OUT"
+  RESULT="$OUT/gpu_check.txt"
+else
+  mkdir -p benchmarks/results
+  RESULT="benchmarks/results/gpu_check.txt"
+fi
+
+BUILD="build/gpu_check"
+mkdir -p "$BUILD/core" "$BUILD/cuda"
+JOBS="$(nproc 2>/dev/null || echo 4)"
+
+# The core's compile options, as CMakeLists.txt gives them (-ffp-contract=off matters for exactness).
+CORE_FLAGS="$(sed -n 's/^target_compile_options(pycomm_core PRIVATE \(.*\))$/\1/p' CMakeLists.txt | head -n 1)"
+CORE_FLAGS="${CORE_FLAGS:--O3 -ffp-contract=off -Wno-unused-parameter}"
+
+# GPU architecture: -arch=native where this nvcc knows it, else the reported compute capability.
+ARCH_FLAG="-arch=${GPU_ARCH:-native}"
+if [[ -z "${GPU_ARCH:-}" ]] && ! echo 'int main(){}' | "$NVCC" -arch=native -x cu - -o "$BUILD/arch_probe" >/dev/null 2>&1; then
+  CC="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')"
+  ARCH_FLAG="-arch=sm_${CC:-90}"
+fi
+NVCC_FLAGS=(-std=c++17 -O3 "$ARCH_FLAG" -Icsrc -lineinfo)
+
+COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+git diff --quiet 2>/dev/null || COMMIT="$COMMIT+dirty"
+{
+  echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $COMMIT"
+  echo "$GPU_LIST"
+  "$NVCC" --version | tail -n 2
+  echo "nvcc ${NVCC_FLAGS[*]}; core: $CXX $CORE_FLAGS"
+} | tee "$RESULT"
+
+echo "gpu_check: building (${JOBS} jobs)"
+build_log="$BUILD/build.log"
+: > "$build_log"
+pids=()
+for src in csrc/core/dtype.cc csrc/core/codecs/*.cc; do
+  # shellcheck disable=SC2086
+  "$CXX" -std=c++17 $CORE_FLAGS -Icsrc -c "$src" -o "$BUILD/core/$(basename "${src%.cc}").o" >>"$build_log" 2>&1 &
+  pids+=($!)
+done
+for src in csrc/cuda/*.cu; do
+  "$NVCC" "${NVCC_FLAGS[@]}" -c "$src" -o "$BUILD/cuda/$(basename "${src%.cu}").o" >>"$build_log" 2>&1 &
+  pids+=($!)
+done
+"$NVCC" "${NVCC_FLAGS[@]}" -c tests/cuda/test_kernels.cu -o "$BUILD/test_kernels.o" >>"$build_log" 2>&1 &
+pids+=($!)
+"$CXX" -std=c++17 $CORE_FLAGS -pthread -Icsrc tests/cuda/test_element_ops_host.cc csrc/core/dtype.cc csrc/core/codecs/*.cc \
+  -o "$BUILD/test_element_ops_host" >>"$build_log" 2>&1 &
+pids+=($!)
+build_ok=1
+for pid in "${pids[@]}"; do wait "$pid" || build_ok=0; done
+if [[ $build_ok -ne 1 ]]; then
+  cat "$build_log" | tee -a "$RESULT"
+  echo "gpu_check: FAIL (build)" | tee -a "$RESULT"
+  exit 1
+fi
+rm -f "$BUILD/libcore.a"
+ar rcs "$BUILD/libcore.a" "$BUILD"/core/*.o
+"$NVCC" "$ARCH_FLAG" "$BUILD/test_kernels.o" "$BUILD"/cuda/*.o "$BUILD/libcore.a" -lpthread -o "$BUILD/test_kernels" >>"$build_log" 2>&1 || {
+  cat "$build_log" | tee -a "$RESULT"
+  echo "gpu_check: FAIL (link)" | tee -a "$RESULT"
+  exit 1
+}
+
+set +e
+echo "== host: element code vs the CPU core ==" | tee -a "$RESULT"
+HOST_ARGS=()
+[[ $QUICK -eq 1 ]] && HOST_ARGS+=(--quick)
+"$BUILD/test_element_ops_host" ${HOST_ARGS[@]+"${HOST_ARGS[@]}"} 2>&1 | tee -a "$RESULT"
+host_rc=${PIPESTATUS[0]}
+echo "== device: kernels vs the CPU core ==" | tee -a "$RESULT"
+"$BUILD/test_kernels" ${TEST_ARGS[@]+"${TEST_ARGS[@]}"} 2>&1 | tee -a "$RESULT"
+dev_rc=${PIPESTATUS[0]}
+set -e
+
+rc=$dev_rc
+[[ $rc -eq 0 && $host_rc -ne 0 ]] && rc=1
+if [[ $rc -eq 0 ]]; then verdict="PASS"; else verdict="FAIL (host $host_rc, device $dev_rc)"; fi
+echo "gpu_check: $verdict; results in $RESULT" | tee -a "$RESULT"
+exit "$rc"
