@@ -49,6 +49,7 @@ void Op::waitAll() {
 
 void Op::finish() {
   waitAll();
+  if (std::string failure = transport_.peerReportedFailure(seq_); !failure.empty()) throw RemoteError(failure);
   transport_.retire(seq_, true);
 }
 

@@ -51,6 +51,10 @@ class Transport {
   // part was only to send, say); empty if none. Taken once.
   virtual std::string takeLateFailure() = 0;
 
+  // A peer's report that collective `seq` failed there, or empty. An op whose own transfers all
+  // completed still fails when a peer says so (it may have been the only rank that saw a mismatch).
+  virtual std::string peerReportedFailure(uint64_t seq) = 0;
+
   // Collective `seq` is over on this rank (and every one before it): late frames for it are dropped.
   virtual void retire(uint64_t seq, bool succeeded) = 0;
 

@@ -129,13 +129,8 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
       auto arrived = arrivedCollective_.find(key);
       auto failed = failedSeqs_.find(info.seq);
       if (arrived != arrivedCollective_.end()) {
-        std::string why = checkCollective(peer, arrived->second.header, {request, info.signature}, nbytes);
-        if (why.empty()) {
-          if (nbytes > 0) std::memcpy(data, arrived->second.payload.data(), nbytes);
-          completions.push_back({request, nbytes, peer, nullptr});
-        } else {
-          completions.push_back({request, 0, peer, std::make_exception_ptr(InvalidUsageError(why))});
-        }
+        deliverLocked(request, peer, arrived->second.header, arrived->second.payload,
+                      checkCollective(peer, arrived->second.header, {request, info.signature}, nbytes), completions);
         arrivedCollective_.erase(arrived);
       } else if (failed != failedSeqs_.end()) {
         completions.push_back({request, 0, peer, remoteError(failed->second)});
@@ -151,13 +146,8 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
         return (anyPeer || a.peer == peer) && a.header.seq == info.seq;
       });
       if (match != arrivedP2P_.end()) {
-        std::string why = checkP2P(match->peer, match->header, nbytes);
-        if (why.empty()) {
-          if (nbytes > 0) std::memcpy(data, match->payload.data(), nbytes);
-          completions.push_back({request, nbytes, match->peer, nullptr});
-        } else {
-          completions.push_back({request, 0, match->peer, std::make_exception_ptr(InvalidUsageError(why))});
-        }
+        deliverLocked(request, match->peer, match->header, match->payload,
+                      checkP2P(match->peer, match->header, nbytes), completions);
         arrivedP2P_.erase(match);
       } else if (!anyPeer && peers_[peer]->failure) {
         completions.push_back({request, 0, peer, peers_[peer]->failure});
@@ -264,6 +254,12 @@ void TcpTransport::beginOp(uint64_t seq, const OpSignature& signature) {
   if (!error.empty()) throw InvalidUsageError(error);
 }
 
+std::string TcpTransport::peerReportedFailure(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(matchMutex_);
+  auto failed = failedSeqs_.find(seq);
+  return failed == failedSeqs_.end() ? std::string() : failed->second;
+}
+
 std::string TcpTransport::takeLateFailure() {
   std::lock_guard<std::mutex> lock(matchMutex_);
   std::string taken;
@@ -277,15 +273,7 @@ void TcpTransport::failMismatchLocked(int peer, const FrameHeader& header, const
       strCat(context(), " ", opKindName(ours.kind), " seq=", header.seq, ": mismatched collectives across ranks: rank ",
              rank_, " runs ", ours.describe(), " but rank ", peer, " runs ", signatureOf(header).describe());
   failedSeqs_.emplace(header.seq, message);
-  for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
-    if (std::get<1>(it->first) == header.seq) {
-      completions.push_back({it->second.request, 0, std::get<0>(it->first),
-                             std::make_exception_ptr(InvalidUsageError(message))});
-      it = postedCollective_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  failPostedSeqLocked(header.seq, std::make_exception_ptr(InvalidUsageError(message)), completions);
 }
 
 void TcpTransport::retire(uint64_t seq, bool succeeded) {
@@ -395,12 +383,7 @@ bool TcpTransport::deliverArrivedLocked(Arrived& arrived, std::vector<Completion
     auto request = posted->second.request;
     std::string why = checkCollective(arrived.peer, h, posted->second, request->capacity());
     postedCollective_.erase(posted);
-    if (!why.empty()) {
-      completions.push_back({request, 0, arrived.peer, std::make_exception_ptr(InvalidUsageError(why))});
-      return true;
-    }
-    if (h.nbytes > 0) std::memcpy(request->data(), arrived.payload.data(), h.nbytes);
-    completions.push_back({request, h.nbytes, arrived.peer, nullptr});
+    deliverLocked(request, arrived.peer, h, arrived.payload, why, completions);
     return true;
   }
   auto posted = std::find_if(postedP2P_.begin(), postedP2P_.end(), [&](const PostedP2P& p) {
@@ -409,14 +392,31 @@ bool TcpTransport::deliverArrivedLocked(Arrived& arrived, std::vector<Completion
   if (posted == postedP2P_.end()) return false;
   auto request = posted->request;
   postedP2P_.erase(posted);
-  std::string why = checkP2P(arrived.peer, h, request->capacity());
-  if (!why.empty()) {
-    completions.push_back({request, 0, arrived.peer, std::make_exception_ptr(InvalidUsageError(why))});
-    return true;
-  }
-  if (h.nbytes > 0) std::memcpy(request->data(), arrived.payload.data(), h.nbytes);
-  completions.push_back({request, h.nbytes, arrived.peer, nullptr});
+  deliverLocked(request, arrived.peer, h, arrived.payload, checkP2P(arrived.peer, h, request->capacity()), completions);
   return true;
+}
+
+void TcpTransport::deliverLocked(const std::shared_ptr<Request>& request, int peer, const FrameHeader& header,
+                                 const std::vector<uint8_t>& payload, const std::string& why,
+                                 std::vector<Completion>& completions) {
+  if (!why.empty()) {
+    completions.push_back({request, 0, peer, std::make_exception_ptr(InvalidUsageError(why))});
+    return;
+  }
+  if (header.nbytes > 0) std::memcpy(request->data(), payload.data(), header.nbytes);
+  completions.push_back({request, header.nbytes, peer, nullptr});
+}
+
+void TcpTransport::failPostedSeqLocked(uint64_t seq, const std::exception_ptr& error,
+                                       std::vector<Completion>& completions) {
+  for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
+    if (std::get<1>(it->first) == seq) {
+      completions.push_back({it->second.request, 0, std::get<0>(it->first), error});
+      it = postedCollective_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void TcpTransport::finish(std::vector<Completion>& completions) {
@@ -642,14 +642,7 @@ void TcpTransport::onPayload(Peer& peer) {
       }
       const std::string message = strCat(context(), " peer ", peer.rank, " reported a failure: ", text);
       failedSeqs_.emplace(h.seq, message);
-      for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
-        if (std::get<1>(it->first) == h.seq) {
-          completions.push_back({it->second.request, 0, peer.rank, remoteError(message)});
-          it = postedCollective_.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      failPostedSeqLocked(h.seq, remoteError(message), completions);
       break;
     }
     default:

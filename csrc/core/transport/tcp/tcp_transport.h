@@ -48,6 +48,7 @@ class TcpTransport final : public Transport {
   void reportFailure(uint64_t seq, const std::string& message) override;
   void beginOp(uint64_t seq, const OpSignature& signature) override;
   std::string takeLateFailure() override;
+  std::string peerReportedFailure(uint64_t seq) override;
   void retire(uint64_t seq, bool succeeded) override;
   std::exception_ptr peerFailure(int peer) override;
   void abort(const std::string& reason) override;
@@ -126,6 +127,12 @@ class TcpTransport final : public Transport {
   // Hands an arrived message to a posted receive, if there is one. Called with matchMutex_ held.
   bool deliverArrivedLocked(Arrived& arrived, std::vector<Completion>& completions);
   static void finish(std::vector<Completion>& completions);
+  // Copies an arrived payload into a receive and completes it, or fails it with `why`.
+  static void deliverLocked(const std::shared_ptr<Request>& request, int peer, const FrameHeader& header,
+                            const std::vector<uint8_t>& payload, const std::string& why,
+                            std::vector<Completion>& completions);
+  // Fails every posted receive of collective `seq`. Called with matchMutex_ held.
+  void failPostedSeqLocked(uint64_t seq, const std::exception_ptr& error, std::vector<Completion>& completions);
   // A collective frame whose op this rank runs with another signature: records the failure and
   // fails that op's posted receives. Called with matchMutex_ held.
   void failMismatchLocked(int peer, const FrameHeader& header, const OpSignature& ours,
