@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from mp import run_ranks
 from reference import check_equal, check_reduced, input_for
+from support import reduce_op
 
 WORLD = 4
 DEFAULT_OPS = 10_000  # ~70 s of collectives (~90 s in all) on a 2-core machine
@@ -76,16 +77,6 @@ FLOAT_OPS = ("sum", "avg", "product", "min", "max")
 INT_OPS = ("sum", "product", "min", "max", "band", "bor", "bxor")
 ALGORITHMS = ("auto", "ring", "tree", "rhd")
 CODECS = tuple(COMPRESSION_L2_BOUND)
-RED_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "avg": dist.ReduceOp.AVG,
-    "product": dist.ReduceOp.PRODUCT,
-    "min": dist.ReduceOp.MIN,
-    "max": dist.ReduceOp.MAX,
-    "band": dist.ReduceOp.BAND,
-    "bor": dist.ReduceOp.BOR,
-    "bxor": dist.ReduceOp.BXOR,
-}
 # pycomm.stats() key of each op kind (compressed: "allreduce/<codec>")
 STATS_KEY = {
     "all_reduce": "allreduce",
@@ -231,9 +222,9 @@ def _run_step(
         t = inputs[rank].clone()
         pycomm.set_algorithm(step["algorithm"], group=group)
         if kind == "all_reduce":
-            dist.all_reduce(t, op=RED_OPS[step["op"]], group=group)
+            dist.all_reduce(t, op=reduce_op(step["op"]), group=group)
             return check_reduced(t, inputs, step["op"])
-        pycomm.all_reduce(t, op=RED_OPS[step["op"]], compression=step["codec"], group=group)
+        pycomm.all_reduce(t, op=reduce_op(step["op"]), compression=step["codec"], group=group)
         return _check_compressed(t, inputs, step["op"], step["codec"])
     if kind == "broadcast":
         root = step["root"]
@@ -245,7 +236,7 @@ def _run_step(
         root = step["root"]
         inputs = _inputs(seed, index, step, world, lambda r: (n,))
         t = inputs[rank].clone()
-        dist.reduce(t, dst=root, op=RED_OPS[step["op"]], group=group)
+        dist.reduce(t, dst=root, op=reduce_op(step["op"]), group=group)
         return check_reduced(t, inputs, step["op"]) if rank == root else None
     if kind == "all_gather_into_tensor":
         inputs = _inputs(seed, index, step, world, lambda r: (n,))
@@ -255,7 +246,7 @@ def _run_step(
     if kind == "reduce_scatter_tensor":
         inputs = _inputs(seed, index, step, world, lambda r: (world * n,))
         out = torch.empty(n, dtype=step["dtype"])
-        dist.reduce_scatter_tensor(out, inputs[rank].clone(), op=RED_OPS[step["op"]], group=group)
+        dist.reduce_scatter_tensor(out, inputs[rank].clone(), op=reduce_op(step["op"]), group=group)
         mine = [x[rank * n : (rank + 1) * n] for x in inputs]
         return check_reduced(out, mine, step["op"])
     if kind == "all_to_all_single":

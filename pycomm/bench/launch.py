@@ -5,16 +5,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
-import time
-from collections.abc import Sequence
 from datetime import timedelta
 
 from pycomm.bench.config import BenchConfig
 from pycomm.bench.runner import EXIT_FAIL, run_rank, spawn_entry
-
-# How long surviving ranks get to finish on their own once one rank died
-# (they may be blocked in a collective with it) before they are terminated.
-_GRACE_S = 5.0
+from pycomm.ranks import terminate_ranks, wait_ranks
 
 
 def under_torchrun() -> bool:
@@ -54,9 +49,9 @@ def run_local(config: BenchConfig, nproc: int) -> int:
     for proc in procs:
         proc.start()
     try:
-        _wait(procs)
+        wait_ranks(procs)
     except KeyboardInterrupt:
-        _terminate(procs)
+        terminate_ranks(procs)
         return 130
     messages: dict[int, str | None] = {}
     while not results.empty():
@@ -80,27 +75,3 @@ def run_local(config: BenchConfig, nproc: int) -> int:
         return 0
     rank0 = codes[0]
     return rank0 if rank0 is not None and rank0 > 0 else EXIT_FAIL
-
-
-def _wait(procs: Sequence[mp.process.BaseProcess]) -> None:
-    """Join all ranks; once one fails, give the rest a grace period."""
-    deadline: float | None = None
-    while any(proc.is_alive() for proc in procs):
-        for proc in procs:
-            proc.join(timeout=0.05)
-        if deadline is None and any(proc.exitcode not in (None, 0) for proc in procs):
-            deadline = time.monotonic() + _GRACE_S
-        if deadline is not None and time.monotonic() > deadline:
-            _terminate(procs)
-            return
-
-
-def _terminate(procs: Sequence[mp.process.BaseProcess]) -> None:
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()

@@ -8,19 +8,16 @@ import os
 import queue
 import signal
 import sys
-import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from pycomm.ranks import terminate_ranks, wait_ranks
 from pycomm.train.config import EXIT_FAIL, EXIT_OK, TrainConfig
 
 TRACEBACK_ENV = "PYCOMM_TRAIN_TRACEBACK"  # =1: print full tracebacks, not one line
-# Once one rank has failed the others are usually blocked in a collective
-# with it; give them this long to fail on their own, then terminate them.
-_GRACE_S = 5.0
 
 
 def under_torchrun() -> bool:
@@ -127,9 +124,9 @@ def run_local(config: TrainConfig) -> int:
     try:
         for proc in procs:
             proc.start()
-        _wait(procs)
+        wait_ranks(procs)
     except (KeyboardInterrupt, _Terminated) as stop:
-        _terminate(procs)
+        terminate_ranks(procs)
         return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -165,27 +162,3 @@ class _Terminated(Exception):
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated
-
-
-def _wait(procs: Sequence[mp.process.BaseProcess]) -> None:
-    """Join all ranks; once one has failed, give the rest a grace period."""
-    deadline: float | None = None
-    while any(proc.is_alive() for proc in procs):
-        for proc in procs:
-            proc.join(timeout=0.05)
-        if deadline is None and any(proc.exitcode not in (None, 0) for proc in procs):
-            deadline = time.monotonic() + _GRACE_S
-        if deadline is not None and time.monotonic() > deadline:
-            _terminate(procs)
-            return
-
-
-def _terminate(procs: Sequence[mp.process.BaseProcess]) -> None:
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
