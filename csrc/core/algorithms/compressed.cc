@@ -1,5 +1,6 @@
 #include "compressed.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "direct.h"
@@ -46,25 +47,109 @@ void scale(float* data, size_t n, float factor) {
 
 }  // namespace
 
+namespace {
+
+// One piece of a pipelined compressed all-reduce: elements [begin, begin + count) of the buffer,
+// split into p segments whose encodings sit one after another from `encodedOffset`.
+struct Piece {
+  size_t begin;
+  Segments segments;
+  Segments layout;       // byte offsets of the segments' encodings, relative to encodedOffset
+  size_t encodedOffset;  // into the encoded-input and gathered buffers
+  size_t receivedOffset; // into the all-to-all receive buffer: p encodings of this rank's segment
+};
+
+}  // namespace
+
 void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec, bool average,
                          size_t chunkBytes, std::vector<uint8_t>& scratch) {
   const int p = op.size();
   const int r = op.rank();
-  Segments segments(count, p);
-  Segments layout = encodedLayout(segments, p, codec);
-  const size_t total = layout.offset(p);
-  const size_t mine = layout.length(r);
-  const size_t n = segments.length(r);
-  scratch.resize(alignUp(total) + alignUp(p * mine) + alignUp(n * sizeof(float)) + 64);
+  // Pieces of p segments of whole 256-element blocks (the last piece takes the rest), so block
+  // scales never straddle two messages and codec work on one piece overlaps the wire for another.
+  const size_t segmentElems = std::max<size_t>(codecs::kFp8BlockElements,
+                                               (chunkBytes / sizeof(float)) / codecs::kFp8BlockElements * codecs::kFp8BlockElements);
+  const size_t pieceElems = segmentElems * p;
+  std::vector<Piece> pieces;
+  size_t encodedTotal = 0;
+  size_t receivedTotal = 0;
+  for (size_t begin = 0; begin < count || pieces.empty(); begin += pieceElems) {
+    const size_t n = std::min(pieceElems, count - begin);
+    Segments segments = n == pieceElems ? Segments(segmentElems, p, true) : Segments(n, p);
+    Segments layout = encodedLayout(segments, p, codec);
+    const size_t encodedBytes = layout.offset(p);
+    const size_t mine = layout.length(r);
+    pieces.push_back(Piece{begin, std::move(segments), std::move(layout), encodedTotal, receivedTotal});
+    encodedTotal += encodedBytes;
+    receivedTotal += p * mine;
+    if (count == 0) break;
+  }
+  scratch.resize(2 * alignUp(encodedTotal) + alignUp(receivedTotal) + alignUp(segmentElems * sizeof(float)) + 64);
   uint8_t* encoded = scratch.data();
-  uint8_t* received = encoded + alignUp(total);
-  auto* acc = reinterpret_cast<float*>(received + alignUp(p * mine));
-  reduceScatterEncoded(op, data, segments, codec, encoded, layout, received, acc);
-  if (average) scale(acc, n, 1.0f / static_cast<float>(p));
-  // The sum is encoded once, into its slot of the encoded buffer, and gathered by everyone.
-  codecs::encode(codec, acc, n, encoded + layout.offset(r));
-  ringAllgather(op, encoded, layout, 1, chunkBytes);
-  for (int i = 0; i < p; ++i) codecs::decode(codec, encoded + layout.offset(i), segments.length(i), data + segments.offset(i));
+  uint8_t* gathered = encoded + alignUp(encodedTotal);
+  uint8_t* received = gathered + alignUp(encodedTotal);
+  auto* acc = reinterpret_cast<float*>(received + alignUp(receivedTotal));
+
+  // Two slots per piece: its all-to-all of encoded inputs, then its all-gather of encoded sums.
+  auto exchangeSlot = [](size_t k) { return static_cast<uint32_t>(2 * k); };
+  auto gatherSlot = [](size_t k) { return static_cast<uint32_t>(2 * k + 1); };
+  const size_t numPieces = pieces.size();
+  std::vector<std::vector<std::shared_ptr<Request>>> exchangeRecvs(numPieces), gatherRecvs(numPieces);
+  for (size_t k = 0; k < numPieces; ++k) {
+    const Piece& piece = pieces[k];
+    const size_t mine = piece.layout.length(r);
+    for (int i = 1; i < p; ++i) {
+      const int peer = (r - i + p) % p;
+      exchangeRecvs[k].push_back(op.recv(peer, exchangeSlot(k), received + piece.receivedOffset + peer * mine, mine));
+      gatherRecvs[k].push_back(op.recv(peer, gatherSlot(k), gathered + piece.encodedOffset + piece.layout.offset(peer),
+                                       piece.layout.length(peer)));
+    }
+  }
+
+  auto encodeAndExchange = [&](size_t k) {
+    const Piece& piece = pieces[k];
+    uint8_t* out = encoded + piece.encodedOffset;
+    for (int i = 0; i < p; ++i) {
+      codecs::encode(codec, data + piece.begin + piece.segments.offset(i), piece.segments.length(i),
+                     out + piece.layout.offset(i));
+    }
+    // Start with the next rank, so that not every rank sends to rank 0 first.
+    for (int i = 1; i < p; ++i) {
+      const int peer = (r + i) % p;
+      op.send(peer, exchangeSlot(k), out + piece.layout.offset(peer), piece.layout.length(peer));
+    }
+  };
+  // Sums this rank's segment in fp32, own contribution first and then the others in rank order,
+  // encodes the sum once and sends it to everyone.
+  auto reduceAndGather = [&](size_t k) {
+    const Piece& piece = pieces[k];
+    for (auto& recv : exchangeRecvs[k]) op.wait(recv);
+    const size_t n = piece.segments.length(r);
+    const size_t mine = piece.layout.length(r);
+    codecs::decode(codec, encoded + piece.encodedOffset + piece.layout.offset(r), n, acc);
+    for (int q = 0; q < p; ++q) {
+      if (q != r) codecs::decodeAdd(codec, received + piece.receivedOffset + q * mine, n, acc);
+    }
+    if (average) scale(acc, n, 1.0f / static_cast<float>(p));
+    uint8_t* sum = gathered + piece.encodedOffset + piece.layout.offset(r);
+    codecs::encode(codec, acc, n, sum);
+    for (int i = 1; i < p; ++i) op.send((r + i) % p, gatherSlot(k), sum, mine);
+  };
+  auto decodeGathered = [&](size_t k) {
+    const Piece& piece = pieces[k];
+    for (auto& recv : gatherRecvs[k]) op.wait(recv);
+    for (int i = 0; i < p; ++i) {
+      codecs::decode(codec, gathered + piece.encodedOffset + piece.layout.offset(i), piece.segments.length(i),
+                     data + piece.begin + piece.segments.offset(i));
+    }
+  };
+  // Software pipeline: while piece k's encodings travel, piece k-1 is reduced and piece k-2 decoded.
+  for (size_t k = 0; k < numPieces + 2; ++k) {
+    if (k < numPieces) encodeAndExchange(k);
+    if (k >= 1 && k - 1 < numPieces) reduceAndGather(k - 1);
+    if (k >= 2) decodeGathered(k - 2);
+  }
+  op.waitAll();
 }
 
 void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
