@@ -8,7 +8,7 @@ or int64 (integers, bool), without trusting any backend.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -172,31 +172,46 @@ def check_reduced(
     actual: torch.Tensor, inputs: Sequence[torch.Tensor], op: str
 ) -> str | None:
     """None if ``actual`` is the ``op``-reduction of ``inputs``, else a description."""
+    return reduced_checker(inputs, op)(actual)
+
+
+def reduced_checker(
+    inputs: Sequence[torch.Tensor], op: str
+) -> Callable[[torch.Tensor], str | None]:
+    """check_reduced with the reference and tolerance computed once: for checking several
+    results of one reduction (one per algorithm, say) when the inputs are large."""
     dtype = inputs[0].dtype
     expected = reference_reduce(inputs, op)
-    if actual.dtype != dtype:
-        return f"dtype {actual.dtype}, expected {dtype}"
-    if tuple(actual.shape) != tuple(expected.shape):
-        return f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    tol: torch.Tensor | None = None
     if dtype.is_floating_point and op in _ROUNDED_OPS:
         rtol = rel_tol(dtype, len(inputs))
         tol = rtol * error_scale(inputs, op) + rtol * 1e-3
-        got = actual.to(torch.float64)
-        bad = ~((got - expected).abs() <= tol)  # NaN counts as bad
-        return _describe(bad, got, expected) if bool(bad.any()) else None
-    if dtype.is_floating_point:
-        # MIN/MAX select one of the inputs: exact.
-        got = actual.to(torch.float64)
+    elif not dtype.is_floating_point and dtype != torch.bool:
+        expected = expected.to(dtype).to(torch.int64)  # wrap to the dtype like C would
+
+    def check(actual: torch.Tensor) -> str | None:
+        if actual.dtype != dtype:
+            return f"dtype {actual.dtype}, expected {dtype}"
+        if tuple(actual.shape) != tuple(expected.shape):
+            return f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+        if tol is not None:
+            got = actual.to(torch.float64)
+            bad = ~((got - expected).abs() <= tol)  # NaN counts as bad
+            return _describe(bad, got, expected) if bool(bad.any()) else None
+        if dtype.is_floating_point:
+            # MIN/MAX select one of the inputs: exact.
+            got = actual.to(torch.float64)
+            bad = got != expected
+            return _describe(bad, got, expected) if bool(bad.any()) else None
+        if dtype == torch.bool:
+            # Compare the raw bytes: a bool tensor holding 2 is not a valid bool.
+            got = actual.contiguous().view(torch.uint8).to(torch.int64)
+        else:
+            got = actual.to(torch.int64)
         bad = got != expected
         return _describe(bad, got, expected) if bool(bad.any()) else None
-    if dtype == torch.bool:
-        # Compare the raw bytes: a bool tensor holding 2 is not a valid bool.
-        got = actual.contiguous().view(torch.uint8).to(torch.int64)
-    else:
-        got = actual.to(torch.int64)
-        expected = expected.to(dtype).to(torch.int64)  # wrap to the dtype like C would
-    bad = got != expected
-    return _describe(bad, got, expected) if bool(bad.any()) else None
+
+    return check
 
 
 def check_equal(actual: torch.Tensor, expected: torch.Tensor) -> str | None:

@@ -1,12 +1,17 @@
-// Every collective of the core over real TCP on loopback, ranks as threads, world sizes 1 to 5,
-// element counts including 0, 1, primes and counts not divisible by the world size; results checked
-// exactly against integer references computed here. Also: mismatched sizes fail on every rank and
+// Every collective of the core over real TCP on loopback, ranks as threads, world sizes 1 to 5 (the
+// all-reduce algorithms 1 to 8), element counts including 0, 1, primes and counts not divisible by
+// the world size; results checked exactly against integer references computed here (float32 sums
+// against a double reference, within a stated bound). Also: mismatched sizes fail on every rank and
 // leave the group usable, sends before receives do not deadlock, and a silent peer times out with
 // its rank named.
+#include <algorithm>
 #include <atomic>
+#include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <numeric>
 
 #include "core/communicator.h"
@@ -131,33 +136,125 @@ void checkCollectives(int size, size_t chunkBytes, const std::string& hostId = "
   }
 }
 
-// Every all-reduce algorithm, world sizes 1 to 8, sizes around the world size and chunk boundaries.
+// Rank r's element i for the float and integer cases of the algorithm check. Floats: not exactly
+// representable, magnitudes 2^-4 to 2^4 mixed across ranks within one element, so sums round and the
+// summation order shows. Factors: products of 8 ranks stay within int32 (no zeros, so a product is
+// not trivially 0). Bytes: the full int8 range, for an element size that misaligns every split.
+float floatValue(int rank, size_t i) {
+  static const double scale[] = {1.0 / 16, 1.0 / 8, 1.0 / 4, 1.0 / 2, 1, 2, 4, 8, 16};
+  return static_cast<float>((value(rank, i) + 0.3) * scale[(i + rank) % 9]);
+}
+int32_t factor(int rank, size_t i) {
+  static const int32_t factors[] = {-2, -1, 1, 2};
+  return factors[(i * 5 + rank * 3) % 4];
+}
+int8_t byteValue(int rank, size_t i) { return static_cast<int8_t>((i * 37 + rank * 91 + 5) & 0xff); }
+
+using Group = std::vector<std::unique_ptr<Communicator>>;
+
+// All-reduces `count` elements of T on every rank of `comms` (rank r's element i is input(r, i)),
+// then checks that every rank holds the same bits and that element i satisfies ok(i, x). One failure
+// line per case, not per element: the large case has millions.
+template <typename T, typename Input, typename Ok>
+void checkAllreduceCase(Group& comms, const std::string& label, size_t count, DataType dtype, ReduceOp op,
+                        Input input, Ok ok) {
+  const int size = static_cast<int>(comms.size());
+  std::vector<std::vector<T>> out(size);
+  runRanks(size, [&](int r) {
+    out[r].resize(count);
+    for (size_t i = 0; i < count; ++i) out[r][i] = input(r, i);
+    comms[r]->allreduce(out[r].data(), count, dtype, op);
+  });
+  for (int r = 1; r < size; ++r) {
+    EXPECT_TRUE(count == 0 || std::memcmp(out[r].data(), out[0].data(), count * sizeof(T)) == 0, label,
+                " count ", count, ": rank ", r, " holds other bits than rank 0");
+  }
+  // Rank r's thread checks slice r of its own result (the references cost more than the op).
+  std::mutex mutex;
+  size_t wrong = 0, first = count;
+  runRanks(size, [&](int r) {
+    size_t myWrong = 0, myFirst = count;
+    for (size_t i = count * r / size; i < count * (r + 1) / size; ++i) {
+      if (!ok(i, out[r][i]) && myWrong++ == 0) myFirst = i;
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    wrong += myWrong;
+    first = std::min(first, myFirst);
+  });
+  EXPECT_TRUE(wrong == 0, label, " count ", count, ": ", wrong, " wrong elements, first at ", first);
+}
+
+// The all-reduce cases of one count: int64 sum, int32 min, float32 sum, int32 product, int8 max.
+void checkAllreduceCount(Group& comms, Algorithm algorithm, size_t count) {
+  const int size = static_cast<int>(comms.size());
+  const std::string label = strCat(algorithmName(algorithm), " size ", size);
+  checkAllreduceCase<int64_t>(
+      comms, label + " int64 sum", count, DataType::kInt64, ReduceOp::kSum,
+      [](int r, size_t i) { return value(r, i); },
+      [&](size_t i, int64_t got) {
+        int64_t expect = 0;
+        for (int q = 0; q < size; ++q) expect += value(q, i);
+        return got == expect;
+      });
+  checkAllreduceCase<int32_t>(
+      comms, label + " int32 min", count, DataType::kInt32, ReduceOp::kMin,
+      [](int r, size_t i) { return static_cast<int32_t>(value(r, i)); },
+      [&](size_t i, int32_t got) {
+        int32_t expect = INT32_MAX;
+        for (int q = 0; q < size; ++q) expect = std::min<int32_t>(expect, static_cast<int32_t>(value(q, i)));
+        return got == expect;
+      });
+  // float32 sum against the double sum of the same float inputs. Any summation order of p terms
+  // is within (p - 1) * 2^-24 * sum |x_q| of the exact sum; FLT_EPSILON (2^-23) doubles that
+  // margin, which stays below the smallest term (0.3 / 16 against at most 7 * 2^-23 * 8 * 50.3 * 16),
+  // so a dropped, doubled or misplaced term still fails.
+  checkAllreduceCase<float>(
+      comms, label + " float32 sum", count, DataType::kFloat32, ReduceOp::kSum, floatValue,
+      [&](size_t i, float got) {
+        double exact = 0, magnitude = 0;
+        for (int q = 0; q < size; ++q) {
+          exact += floatValue(q, i);
+          magnitude += std::fabs(floatValue(q, i));
+        }
+        return std::fabs(got - exact) <= (size - 1) * static_cast<double>(FLT_EPSILON) * magnitude;
+      });
+  checkAllreduceCase<int32_t>(
+      comms, label + " int32 product", count, DataType::kInt32, ReduceOp::kProduct, factor,
+      [&](size_t i, int32_t got) {
+        int64_t expect = 1;
+        for (int q = 0; q < size; ++q) expect *= factor(q, i);
+        return got == expect;
+      });
+  checkAllreduceCase<int8_t>(
+      comms, label + " int8 max", count, DataType::kInt8, ReduceOp::kMax, byteValue,
+      [&](size_t i, int8_t got) {
+        int8_t expect = INT8_MIN;
+        for (int q = 0; q < size; ++q) expect = std::max(expect, byteValue(q, i));
+        return got == expect;
+      });
+}
+
+// Every all-reduce algorithm x world sizes 1 to 8 x counts (0, 1, p - 1, p + 1, primes, 4 MiB + 3)
+// x the reduce ops and dtypes of checkAllreduceCount.
 void checkAllreduceAlgorithms() {
+  // 4 Mi + 3 elements, not bytes (16 MiB + 12 bytes of float32, 32 MiB + 24 of int64): odd for
+  // every world size, and far above the socket buffers and the chunk size. Its own group with the
+  // default 512 KiB chunks: at 256 bytes it would be tens of thousands of frames per segment.
+  // Costs ~20 s of this test's ~25 s (~50 of ~55 s under ASan).
+  const size_t large = (size_t{4} << 20) + 3;
   for (Algorithm algorithm : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) {
     for (int size = 1; size <= 8; ++size) {
       MemoryStore store;
+      // 256-byte chunks: counts around a few thousand span many chunks that do not align with the
+      // per-rank segments.
       auto comms = makeGroup(size, store, 256, std::chrono::seconds(20), algorithm);
       const size_t p = static_cast<size_t>(size);
       for (size_t count : {size_t{0}, size_t{1}, p - 1, p + 1, size_t{97}, size_t{20011}}) {
-        runRanks(size, [&](int r) {
-          std::vector<int64_t> buf(count);
-          for (size_t i = 0; i < count; ++i) buf[i] = value(r, i);
-          comms[r]->allreduce(buf.data(), count, DataType::kInt64, ReduceOp::kSum);
-          for (size_t i = 0; i < count; ++i) {
-            int64_t expect = 0;
-            for (int q = 0; q < size; ++q) expect += value(q, i);
-            EXPECT_TRUE(buf[i] == expect, algorithmName(algorithm), " size ", size, " count ", count, " i ", i);
-          }
-          std::vector<int32_t> mn(count);
-          for (size_t i = 0; i < count; ++i) mn[i] = static_cast<int32_t>(value(r, i));
-          comms[r]->allreduce(mn.data(), count, DataType::kInt32, ReduceOp::kMin);
-          for (size_t i = 0; i < count; ++i) {
-            int32_t expect = INT32_MAX;
-            for (int q = 0; q < size; ++q) expect = std::min<int32_t>(expect, static_cast<int32_t>(value(q, i)));
-            EXPECT_TRUE(mn[i] == expect, algorithmName(algorithm), " min size ", size, " count ", count);
-          }
-        });
+        checkAllreduceCount(comms, algorithm, count);
       }
+      MemoryStore largeStore;
+      auto largeComms = makeGroup(size, largeStore, 512 * 1024, std::chrono::seconds(60), algorithm);
+      checkAllreduceCount(largeComms, algorithm, large);
     }
   }
 }
