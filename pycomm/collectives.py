@@ -79,5 +79,7 @@ def all_reduce(
 
 def stats(group: dist.ProcessGroup | None = None) -> dict[str, dict[str, float]]:
     """Per op and codec ("allreduce", "allreduce/fp16", "send", ...): calls, bytes_sent,
-    bytes_received and seconds since the group was created, on this rank."""
+    bytes_received and seconds since the group was created, on this rank. "transport/socket" and
+    "transport/shm_ring" count the frame bytes this rank sent through sockets and through
+    shared-memory rings."""
     return dict(_backend(group).stats())

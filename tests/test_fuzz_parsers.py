@@ -46,7 +46,7 @@ def test_mutated_headers_are_judged_field_by_field(kind: int, channel: int, op: 
                                                    nbytes: int) -> None:
     verdict = _C._validate_frame_header(header(kind=kind, channel=channel, op=op, dtype=dtype, codec=codec,
                                                nbytes=nbytes))
-    well_formed = kind in (1, 2) and channel in (1, 2) and op <= 10 and dtype < 10 and codec <= 4 and nbytes <= 2**40
+    well_formed = kind in (1, 2, 3) and channel in (1, 2) and op <= 10 and dtype < 10 and codec <= 4 and nbytes <= 2**40
     assert (verdict == "") == well_formed, verdict
 
 

@@ -74,7 +74,9 @@ Communicator::Communicator(const Config& config, Store& store)
   options.bindHost = config.bindHost;
   options.timeout = config.timeout;
   options.logger = logger_;
-  transport_ = std::make_unique<transport::tcp::TcpTransport>(options, store);
+  auto tcp = std::make_unique<transport::tcp::TcpTransport>(options, store);
+  tcp_ = tcp.get();
+  transport_ = std::move(tcp);
   if (config.transport == TransportKind::kAuto && config.size > 1) setupSharedMemory(store);
   worker_ = std::thread([this] { workerLoop(); });
   logger_.log(LogLevel::kInfo, strCat("connected over ", transport_->name(), ", listening on ",
@@ -111,11 +113,20 @@ void Communicator::setupSharedMemory(Store& store) {
   const auto token = store.get("pycomm/token", timeout());
   std::string tokenHex;
   for (size_t i = 0; i < std::min<size_t>(token.size(), 12); ++i) tokenHex += strCat(std::hex, (token[i] >> 4) & 0xf, token[i] & 0xf);
-  auto makeGroup = [&](int groupRank, int groupSize, const std::string& key, transport::Transport& barrierOver) {
-    return std::make_unique<algorithms::ShmGroup>(
-        groupRank, groupSize, config_.shmSlotBytes, strCat("/pycomm-", tokenHex, "-", hostIndex),
+  // `members` maps a host group rank to its rank in this group. Every rank attaches its rings before
+  // the barrier and moves its connections onto them after it, so a peer that reads a move frame
+  // has its rings already.
+  auto makeGroup = [&](int groupRank, int groupSize, const std::string& key, transport::Transport& barrierOver,
+                       const std::vector<int>& groupMembers) {
+    auto group = std::make_unique<algorithms::ShmGroup>(
+        groupRank, groupSize, config_.shmSlotBytes, config_.shmRingBytes, strCat("/pycomm-", tokenHex, "-", hostIndex),
         [&] { store.set(key, {1}); },
         [&] { store.get(key, timeout()); },
+        [&](const algorithms::ShmGroup& g) {
+          for (int q = 0; q < groupSize; ++q) {
+            if (q != groupRank) tcp_->attachRings(groupMembers[q], g.ring(groupRank, q), g.ring(q, groupRank), g.memory());
+          }
+        },
         [&] {
           runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0), "dissemination",
                         [&](Op& o) {
@@ -123,9 +134,13 @@ void Communicator::setupSharedMemory(Store& store) {
                           algorithms::disseminationBarrier(sub);
                         });
         });
+    for (int q = 0; q < groupSize; ++q) {
+      if (q != groupRank) tcp_->moveToSharedMemory(groupMembers[q]);
+    }
+    return group;
   };
   if (order.size() == 1) {
-    shm_ = makeGroup(rank(), size(), "pycomm/shm", *transport_);
+    shm_ = makeGroup(rank(), size(), "pycomm/shm", *transport_, local);
     logger_.log(LogLevel::kInfo, "all ranks share this host: collectives use shared memory");
     return;
   }
@@ -136,7 +151,7 @@ void Communicator::setupSharedMemory(Store& store) {
   for (const auto& host : order) cross.push_back(members[host][localRank]);
   hierarchy->cross = std::make_unique<transport::SubsetTransport>(*transport_, cross);
   transport::SubsetTransport localView(*transport_, local);
-  hierarchy->local = makeGroup(localRank, hierarchy->localSize, strCat("pycomm/shm/", hostIndex), localView);
+  hierarchy->local = makeGroup(localRank, hierarchy->localSize, strCat("pycomm/shm/", hostIndex), localView, local);
   hierarchy_ = std::move(hierarchy);
   logger_.log(LogLevel::kInfo, strCat(order.size(), " hosts of ", local.size(),
                                       " ranks: all-reduce is hierarchical (shared memory inside a host, TCP across)"));
@@ -299,8 +314,15 @@ void Communicator::record(const std::string& key, uint64_t sent, uint64_t receiv
 }
 
 std::map<std::string, Communicator::OpStats> Communicator::stats() const {
-  std::lock_guard<std::mutex> lock(statsMutex_);
-  return stats_;
+  std::map<std::string, OpStats> out;
+  {
+    std::lock_guard<std::mutex> lock(statsMutex_);
+    out = stats_;
+  }
+  // Frame bytes (headers included) by the path they took; shared-memory collectives add to neither.
+  out["transport/socket"].bytesSent = tcp_->socketBytesSent();
+  out["transport/shm_ring"].bytesSent = tcp_->ringBytesSent();
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------

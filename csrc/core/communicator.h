@@ -27,6 +27,10 @@
 #include "algorithms/shm_collectives.h"
 #include "transport/transport.h"
 
+namespace pycomm::transport::tcp {
+class TcpTransport;
+}
+
 namespace pycomm {
 
 using transport::Request;
@@ -118,6 +122,7 @@ class Communicator {
   Config config_;
   Logger logger_;
   std::unique_ptr<transport::Transport> transport_;
+  transport::tcp::TcpTransport* tcp_ = nullptr;  // transport_, for moving same-host peers to rings
   std::unique_ptr<algorithms::ShmGroup> shm_;  // ranks all on one host; null otherwise
   // Several hosts with the same number of ranks each: shared memory among this host's ranks, and
   // a view of the group with the ranks of the same local index on every host.

@@ -44,6 +44,8 @@ struct Config {
   // its network namespace; PYCOMM_HOST_ID overrides).
   std::string hostId;
   size_t shmSlotBytes = 1024 * 1024;
+  // Capacity of each shared-memory byte ring between two ranks of a host (see transport/shm/ring.h).
+  size_t shmRingBytes = 2 * 1024 * 1024;
   Algorithm algorithm = Algorithm::kAuto;
   // Pipelining grain: large ops are cut into chunks of this many bytes (measured default).
   size_t chunkBytes = 512 * 1024;

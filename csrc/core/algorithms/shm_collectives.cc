@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <thread>
 
 #include "../codecs/reduce.h"
 #include "../error.h"
@@ -15,45 +16,62 @@ size_t alignUp(size_t n) { return (n + 4095) & ~size_t{4095}; }
 
 }  // namespace
 
-ShmGroup::ShmGroup(int rank, int size, size_t slotBytes, const std::string& name,
+ShmGroup::ShmGroup(int rank, int size, size_t slotBytes, size_t ringBytes, const std::string& name,
                    const std::function<void()>& published, const std::function<void()>& awaitCreated,
-                   const std::function<void()>& allMapped)
-    : rank_(rank), size_(size), slotBytes_(alignUp(slotBytes)) {
-  const size_t bytes = alignUp(sizeof(Control) * size) + size * 4 * slotBytes_;
+                   const std::function<void(const ShmGroup&)>& mapped, const std::function<void()>& allMapped)
+    : rank_(rank),
+      size_(size),
+      slotBytes_(alignUp(slotBytes)),
+      ringBytes_(ringBytes),
+      // Polling only pays while every rank has a core: with more ranks than cores the peer we wait
+      // for may need this very core, and a sleeping wait hands it over at once.
+      spin_(static_cast<unsigned>(size) <= std::thread::hardware_concurrency() ? kSpin : std::chrono::microseconds(0)) {
+  // Controls, then four slots per rank, then one ring per ordered pair (the diagonal unused). A
+  // fresh segment is zero-filled, which is a ring's initial state; only touched pages take memory.
+  const size_t bytes = alignUp(sizeof(Control) * size) + size * 4 * slotBytes_ +
+                       size * size * alignUp(transport::shm::Ring::bytesFor(ringBytes_));
   try {
     if (rank == 0) {
-      segment_ = transport::shm::Segment::create(name, bytes);
-      for (int q = 0; q < size; ++q) new (segment_.data() + q * sizeof(Control)) Control();
+      segment_ = std::make_shared<transport::shm::Segment>(transport::shm::Segment::create(name, bytes));
+      for (int q = 0; q < size; ++q) new (segment_->data() + q * sizeof(Control)) Control();
       published();
     } else {
       awaitCreated();
-      segment_ = transport::shm::Segment::open(name, bytes);
+      segment_ = std::make_shared<transport::shm::Segment>(transport::shm::Segment::open(name, bytes));
     }
+    mapped(*this);
     allMapped();
   } catch (...) {
     transport::shm::Segment::unlinkName(name);
     throw;
   }
-  segment_.unlink();
+  segment_->unlink();
 }
 
 ShmGroup::Control& ShmGroup::control(int q) const {
-  return *reinterpret_cast<Control*>(segment_.data() + q * sizeof(Control));
+  return *reinterpret_cast<Control*>(segment_->data() + q * sizeof(Control));
 }
 
 uint8_t* ShmGroup::input(int q, uint32_t epoch) const {
-  return segment_.data() + alignUp(sizeof(Control) * size_) + (q * 4 + (epoch % 2)) * slotBytes_;
+  return segment_->data() + alignUp(sizeof(Control) * size_) + (q * 4 + (epoch % 2)) * slotBytes_;
 }
 
 uint8_t* ShmGroup::result(int q, uint32_t epoch) const {
-  return segment_.data() + alignUp(sizeof(Control) * size_) + (q * 4 + 2 + (epoch % 2)) * slotBytes_;
+  return segment_->data() + alignUp(sizeof(Control) * size_) + (q * 4 + 2 + (epoch % 2)) * slotBytes_;
+}
+
+transport::shm::Ring ShmGroup::ring(int from, int to) const {
+  const size_t stride = alignUp(transport::shm::Ring::bytesFor(ringBytes_));
+  uint8_t* base = segment_->data() + alignUp(sizeof(Control) * size_) + size_ * 4 * slotBytes_ +
+                  (static_cast<size_t>(from) * size_ + to) * stride;
+  return transport::shm::Ring(base, ringBytes_);
 }
 
 void ShmGroup::waitAll(Flag flag, uint32_t target, const ShmWait& wait, const char* what) {
   for (int q = 0; q < size_; ++q) {
     Control& c = control(q);
     transport::shm::SharedFlag& f = flag == Flag::kReady ? c.ready : flag == Flag::kReduced ? c.reduced : c.consumed;
-    while (!transport::shm::waitAtLeast(f, target, std::chrono::milliseconds(2))) {
+    while (!transport::shm::waitAtLeast(f, target, std::chrono::milliseconds(2), spin_)) {
       if (q != rank_) {
         if (auto failure = wait.peerFailure(q)) std::rethrow_exception(failure);
       }

@@ -8,6 +8,8 @@
 //  - all-reduce, long: each rank reduces its 1/p slice of the chunk into its result slot, then all
 //    copy every slice out (reduce-scatter then all-gather, pipelined chunk by chunk);
 //  - broadcast, all-gather, reduce-scatter and barrier follow the same pattern.
+// The segment also holds a byte ring for every ordered pair of ranks, through which the TCP
+// transport moves the frames of every other op (all-to-all, gather, scatter, reduce, send/recv).
 // Each step publishes the op's signature, so ranks running different ops fail on the first step.
 // Waits spin briefly and then sleep on a futex; every wait has the op's deadline and notices a
 // peer whose connection died.
@@ -22,6 +24,7 @@
 #include "../transport/frame.h"
 #include "../transport/request.h"
 #include "../transport/shm/futex.h"
+#include "../transport/shm/ring.h"
 #include "../transport/shm/segment.h"
 
 namespace pycomm::algorithms {
@@ -38,10 +41,19 @@ struct ShmWait {
 class ShmGroup {
  public:
   // Rank 0 creates the segment `name` and says so through `published`; the others wait in `awaitCreated`
-  // and map it. `allMapped` must return once every rank has; then the name is unlinked. If setup
-  // fails anywhere, every rank removes the name, so a creator that died leaves no file behind.
-  ShmGroup(int rank, int size, size_t slotBytes, const std::string& name, const std::function<void()>& published,
-           const std::function<void()>& awaitCreated, const std::function<void()>& allMapped);
+  // and map it, then call `mapped` (to attach the rings). `allMapped` must return once every rank has;
+  // then the name is unlinked. If setup fails anywhere, every rank removes the name, so a creator that
+  // died leaves no file behind.
+  ShmGroup(int rank, int size, size_t slotBytes, size_t ringBytes, const std::string& name,
+           const std::function<void()>& published, const std::function<void()>& awaitCreated,
+           const std::function<void(const ShmGroup&)>& mapped, const std::function<void()>& allMapped);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The ring that carries bytes from group rank `from` to group rank `to`.
+  transport::shm::Ring ring(int from, int to) const;
+  // Keeps the mapping alive for whoever holds rings into it.
+  std::shared_ptr<void> memory() const { return segment_; }
 
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig, const ShmWait& wait);
   void broadcast(void* data, size_t nbytes, int root, const OpSignature& sig, const ShmWait& wait);
@@ -77,7 +89,11 @@ class ShmGroup {
   const int rank_;
   const int size_;
   const size_t slotBytes_;
-  transport::shm::Segment segment_;
+  const size_t ringBytes_;
+  // How long a wait polls before it sleeps on the futex.
+  static constexpr std::chrono::microseconds kSpin{50};
+  const std::chrono::microseconds spin_;
+  std::shared_ptr<transport::shm::Segment> segment_;
   uint32_t epoch_ = 0;
 };
 

@@ -65,8 +65,8 @@ OpSignature signatureOf(const FrameHeader& h) {
 std::string validateHeader(const FrameHeader& h) {
   if (h.magic != kFrameMagic) return strCat("bad magic 0x", std::hex, h.magic);
   if (h.version != kFrameVersion) return strCat("unsupported frame version ", int(h.version));
-  if (h.kind != static_cast<uint8_t>(FrameKind::kData) &&
-      h.kind != static_cast<uint8_t>(FrameKind::kError)) {
+  if (h.kind != static_cast<uint8_t>(FrameKind::kData) && h.kind != static_cast<uint8_t>(FrameKind::kError) &&
+      h.kind != static_cast<uint8_t>(FrameKind::kMoveToSharedMemory)) {
     return strCat("unknown frame kind ", int(h.kind));
   }
   if (h.channel != static_cast<uint8_t>(Channel::kCollective) &&

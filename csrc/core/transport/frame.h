@@ -15,7 +15,8 @@ constexpr uint8_t kFrameVersion = 1;
 // A frame larger than this is malformed: no single message of ours gets near it.
 constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 40;
 
-enum class FrameKind : uint8_t { kData = 1, kError = 2 };
+// kMoveToSharedMemory: the sender's later frames come through its shared-memory ring.
+enum class FrameKind : uint8_t { kData = 1, kError = 2, kMoveToSharedMemory = 3 };
 enum class Channel : uint8_t { kCollective = 1, kP2P = 2 };
 
 // What operation a collective frame belongs to. Order matters: it is on the wire.

@@ -23,12 +23,24 @@ void publish(SharedFlag& flag, uint32_t value) {
   if (flag.waiters.load(std::memory_order_seq_cst) != 0) futex(&flag.value, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-bool waitAtLeast(SharedFlag& flag, uint32_t target, std::chrono::microseconds slice) {
+bool waitAtLeast(SharedFlag& flag, uint32_t target, std::chrono::microseconds slice,
+                 std::chrono::microseconds spin) {
   for (int i = 0; i < 64; ++i) {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return true;
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
+  }
+  if (spin.count() > 0) {
+    const auto until = std::chrono::steady_clock::now() + spin;
+    do {
+      for (int i = 0; i < 32; ++i) {
+        if (reached(flag.value.load(std::memory_order_acquire), target)) return true;
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+    } while (std::chrono::steady_clock::now() < until);
   }
   for (int i = 0; i < 4; ++i) {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return true;

@@ -18,8 +18,10 @@ struct alignas(64) SharedFlag {
 void publish(SharedFlag& flag, uint32_t value);
 
 // Waits until (int32_t)(flag - target) >= 0, or `slice` passes; returns whether it got there.
-// Wrap-around safe, so epochs may overflow.
-bool waitAtLeast(SharedFlag& flag, uint32_t target, std::chrono::microseconds slice);
+// Polls for up to `spin` first (a futex wake-up costs tens of microseconds, more than a short op
+// takes), then sleeps. Wrap-around safe, so epochs may overflow.
+bool waitAtLeast(SharedFlag& flag, uint32_t target, std::chrono::microseconds slice,
+                 std::chrono::microseconds spin = std::chrono::microseconds(0));
 
 inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 

@@ -98,7 +98,7 @@ std::shared_ptr<Request> TcpTransport::isend(int peer, const FrameInfo& info, co
     // Write from this thread when nothing is queued ahead: it saves waking the loop, which matters
     // for small messages. What the socket does not take now, the loop writes when it can.
     if (p.sendQueue.size() == 1) err = flushLocked(p, done);
-    if (!p.sendQueue.empty() && !p.pollingWrite && err == 0) setPollWrite(p, true);
+    if (!p.sendQueue.empty() && !p.pollingWrite && !p.writeViaRing && err == 0) setPollWrite(p, true);
   }
   for (auto& r : done) r->complete(r->capacity(), peer);
   if (err != 0) {
@@ -469,7 +469,65 @@ void TcpTransport::acceptStranger() {
 }
 
 void TcpTransport::handleReadable(Peer& peer) {
+  if (peer.readViaRing && !drainDoorbells(peer)) return;
   while (peer.socket.valid() && !stopping_.load() && readSome(peer)) {
+  }
+  // A doorbell also says that the peer made space in this rank's ring to it.
+  if (peer.readViaRing) handleWritable(peer);
+}
+
+bool TcpTransport::drainDoorbells(Peer& peer) {
+  for (;;) {
+    ssize_t n = ::recv(peer.socket.fd(), discard_.data(), discard_.size(), MSG_DONTWAIT);
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    failPeer(peer, remoteError(n == 0 ? strCat(context(), " connection to peer ", peer.rank,
+                                               " closed (the peer exited, was killed, or destroyed its "
+                                               "process group)")
+                                      : strCat(context(), " connection to peer ", peer.rank, " failed: ",
+                                               std::strerror(errno))));
+    return false;
+  }
+}
+
+void TcpTransport::ringDoorbellLocked(Peer& peer) {
+  if (!peer.writeViaRing) {
+    peer.doorbellOwed = true;  // frames still go to the socket; a byte there would corrupt them
+    return;
+  }
+  const uint8_t bell = 1;
+  // EAGAIN means the peer has a full socket buffer of doorbells unread: it will wake anyway. Any
+  // other error ends the connection, which the read side reports.
+  (void)!::send(peer.socket.fd(), &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void TcpTransport::attachRings(int peer, shm::Ring out, shm::Ring in, std::shared_ptr<void> keepalive) {
+  Peer& p = *peers_.at(peer);
+  std::lock_guard<std::mutex> sendLock(p.sendMutex);
+  std::lock_guard<std::mutex> matchLock(matchMutex_);
+  p.ringOut = out;
+  p.ringIn = in;
+  p.ringMemory = std::move(keepalive);
+}
+
+void TcpTransport::moveToSharedMemory(int peer) {
+  Peer& p = *peers_.at(peer);
+  std::vector<std::shared_ptr<Request>> done;
+  int err = 0;
+  {
+    std::lock_guard<std::mutex> lock(p.sendMutex);
+    PYCOMM_CHECK(p.ringOut.valid(), InternalError, context(), " no ring attached for peer ", peer);
+    if (p.sendClosed) return;
+    FrameInfo info;
+    info.channel = Channel::kCollective;
+    p.sendQueue.push_back(OutgoingFrame{makeHeader(FrameKind::kMoveToSharedMemory, info, 0), nullptr, 0, 0, nullptr, {}});
+    if (p.sendQueue.size() == 1) err = flushLocked(p, done);
+    if (!p.sendQueue.empty() && !p.pollingWrite && !p.writeViaRing && err == 0) setPollWrite(p, true);
+  }
+  for (auto& r : done) r->complete(r->capacity(), peer);
+  if (err != 0) {
+    failPeer(p, remoteError(strCat(context(), " sending to peer ", peer, " failed: ", std::strerror(err))));
   }
 }
 
@@ -499,7 +557,18 @@ bool TcpTransport::readSome(Peer& peer) {
         break;
     }
   }
-  ssize_t n = ::recv(peer.socket.fd(), dst, want, MSG_DONTWAIT);
+  ssize_t n;
+  if (peer.readViaRing) {
+    bool ringProducer = false;
+    n = static_cast<ssize_t>(peer.ringIn.read(dst, want, ringProducer));
+    if (ringProducer) {
+      std::lock_guard<std::mutex> lock(peer.sendMutex);
+      ringDoorbellLocked(peer);
+    }
+    if (n == 0) return false;
+  } else {
+    n = ::recv(peer.socket.fd(), dst, want, MSG_DONTWAIT);
+  }
   if (n < 0) {
     if (errno == EINTR) return true;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
@@ -538,6 +607,21 @@ void TcpTransport::onHeader(Peer& peer) {
     return;
   }
   peer.payloadGot = 0;
+  if (h.kind == static_cast<uint8_t>(FrameKind::kMoveToSharedMemory)) {
+    bool haveRing;
+    {
+      std::lock_guard<std::mutex> lock(matchMutex_);
+      haveRing = peer.ringIn.valid();
+    }
+    if (!haveRing || h.nbytes != 0) {
+      failPeer(peer, remoteError(strCat(context(), " peer ", peer.rank,
+                                        " moved to shared memory, but this rank shares none with it")));
+      return;
+    }
+    peer.headerGot = 0;
+    peer.readViaRing = true;
+    return;
+  }
   std::vector<Completion> completions;
   {
     std::lock_guard<std::mutex> lock(matchMutex_);
@@ -657,7 +741,7 @@ void TcpTransport::handleWritable(Peer& peer) {
   {
     std::lock_guard<std::mutex> lock(peer.sendMutex);
     err = flushLocked(peer, done);
-    if ((peer.sendQueue.empty() || err != 0) && peer.pollingWrite) setPollWrite(peer, false);
+    if ((peer.sendQueue.empty() || err != 0 || peer.writeViaRing) && peer.pollingWrite) setPollWrite(peer, false);
   }
   for (auto& r : done) r->complete(r->capacity(), peer.rank);
   if (err != 0) {
@@ -667,6 +751,9 @@ void TcpTransport::handleWritable(Peer& peer) {
 }
 
 int TcpTransport::flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done) {
+  auto isMove = [](const OutgoingFrame& frame) {
+    return frame.header.kind == static_cast<uint8_t>(FrameKind::kMoveToSharedMemory);
+  };
   while (!peer.sendQueue.empty()) {
     iovec iov[kMaxIov];
     size_t count = 0;
@@ -679,17 +766,28 @@ int TcpTransport::flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>&
         skip -= sizeof(FrameHeader);
       }
       if (it->nbytes > skip) iov[count++] = {const_cast<uint8_t*>(it->data) + skip, it->nbytes - skip};
+      if (!peer.writeViaRing && isMove(*it)) break;  // the last frame the socket carries
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = count;
-    ssize_t n = ::sendmsg(peer.socket.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-      return errno;
+    size_t left;
+    if (peer.writeViaRing) {
+      bool ringConsumer = false;
+      left = peer.ringOut.write(iov, count, ringConsumer);
+      if (ringConsumer) ringDoorbellLocked(peer);
+      if (left == 0) return 0;  // full: the consumer rings once it has made space
+      ringBytesSent_.fetch_add(left, std::memory_order_relaxed);
+    } else {
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = count;
+      ssize_t n = ::sendmsg(peer.socket.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        return errno;
+      }
+      left = static_cast<size_t>(n);
+      socketBytesSent_.fetch_add(left, std::memory_order_relaxed);
     }
-    size_t left = static_cast<size_t>(n);
     while (left > 0) {
       OutgoingFrame& front = peer.sendQueue.front();
       const size_t total = sizeof(FrameHeader) + front.nbytes;
@@ -698,6 +796,11 @@ int TcpTransport::flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>&
       left -= take;
       if (front.written < total) break;
       if (front.request) done.push_back(std::move(front.request));
+      if (isMove(front)) {
+        peer.writeViaRing = true;
+        if (peer.doorbellOwed) ringDoorbellLocked(peer);
+        peer.doorbellOwed = false;
+      }
       peer.sendQueue.pop_front();
     }
   }

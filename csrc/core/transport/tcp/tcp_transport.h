@@ -18,6 +18,7 @@
 
 #include "../../logging.h"
 #include "../../store.h"
+#include "../shm/ring.h"
 #include "../transport.h"
 #include "socket.h"
 
@@ -53,6 +54,16 @@ class TcpTransport final : public Transport {
   std::exception_ptr peerFailure(int peer) override;
   void abort(const std::string& reason) override;
 
+  // Gives the connection to `peer`, a rank on this host, a ring in each direction (shm/ring.h);
+  // `keepalive` holds their mapping. Both ranks must attach before either moves the pair.
+  void attachRings(int peer, shm::Ring out, shm::Ring in, std::shared_ptr<void> keepalive);
+  // After the frames already queued, this rank's frames to `peer` go through its ring; the socket
+  // only carries doorbells and tells when the peer is gone.
+  void moveToSharedMemory(int peer);
+  // Frame bytes (headers and payloads) this rank wrote to sockets and to rings.
+  uint64_t socketBytesSent() const { return socketBytesSent_.load(); }
+  uint64_t ringBytesSent() const { return ringBytesSent_.load(); }
+
  private:
   struct OutgoingFrame {
     FrameHeader header;
@@ -73,13 +84,19 @@ class TcpTransport final : public Transport {
     std::deque<OutgoingFrame> sendQueue;
     bool pollingWrite = false;
     std::exception_ptr sendClosed;  // set once the peer failed: later sends fail at once
+    shm::Ring ringOut;
+    bool writeViaRing = false;  // the move frame went out: later frames go through ringOut
+    bool doorbellOwed = false;  // a doorbell waits for this side's move (the socket still has frames)
     // Receive side, touched by the loop thread only (target/request also read under matchMutex_).
-    FrameHeader header{};
+    alignas(8) FrameHeader header{};  // packed; its 8-byte fields are read in place
     size_t headerGot = 0;
     ReadTarget target = ReadTarget::kNone;
     std::shared_ptr<Request> request;
     std::vector<uint8_t> buffer;
     size_t payloadGot = 0;
+    shm::Ring ringIn;
+    bool readViaRing = false;  // the peer's move frame arrived: its frames come through ringIn
+    std::shared_ptr<void> ringMemory;
     // Guarded by matchMutex_.
     std::exception_ptr failure;
   };
@@ -110,6 +127,11 @@ class TcpTransport final : public Transport {
   // Requests whose frames were fully written are appended to `done`; returns 0 or an errno.
   int flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done);
   void setPollWrite(Peer& peer, bool enable);
+  // One byte on the socket: the peer may be asleep in epoll while its ring has data or space.
+  // Called with peer.sendMutex held.
+  void ringDoorbellLocked(Peer& peer);
+  // Reads doorbells off a peer's socket; false once the peer is gone.
+  bool drainDoorbells(Peer& peer);
   void failPeer(Peer& peer, std::exception_ptr error);
   void closeGracefully(Peer& peer);
   void acceptStranger();
@@ -163,6 +185,8 @@ class TcpTransport final : public Transport {
   std::exception_ptr aborted_;
 
   std::vector<uint8_t> discard_;  // loop thread: where unwanted payloads go
+  std::atomic<uint64_t> socketBytesSent_{0};
+  std::atomic<uint64_t> ringBytesSent_{0};
 
   std::mutex abortMutex_;
   bool stopped_ = false;

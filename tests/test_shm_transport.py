@@ -1,0 +1,114 @@
+"""Ops without a shared-memory collective of their own (send/recv, all-to-all, gather, scatter,
+reduce) between ranks of one host: their frames go through the shared-memory rings, not through
+the sockets, and arrive intact, also when a message is many times a ring's capacity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from mp import run_ranks
+from reference import check_equal, input_for
+from support import Failures, assert_no_failures
+
+TIMEOUT_S = 120
+RING_BYTES = 2 << 20  # the default ring capacity (Config::shmRingBytes)
+# Element counts: empty, one, a prime, and 16 MiB + 3 of float32 (eight ring capacities).
+COUNTS = (0, 1, 4099, (16 << 20) // 4 + 3)
+
+
+def _bytes_by_path() -> tuple[int, int]:
+    import pycomm
+
+    stats = pycomm.stats()
+    return int(stats["transport/socket"]["bytes_sent"]), int(stats["transport/shm_ring"]["bytes_sent"])
+
+
+def _worker(rank: int, world: int) -> tuple[list[str], int, dict[str, int]]:
+    f = Failures(rank)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    socket_before, ring_before = _bytes_by_path()
+    payload = 0  # bytes this rank sends in the ops below
+    for k, n in enumerate(COUNTS):
+        label = f"isend/irecv {n}"
+        with f.guard(label):
+            sent = input_for(k, rank, (n,), torch.float32, None)
+            got = torch.full((n,), float("nan"))
+            reqs = [dist.isend(sent, nxt), dist.irecv(got, prv)]
+            for r in reqs:
+                r.wait()
+            f.check(label, check_equal(got, input_for(k, prv, (n,), torch.float32, None)))
+            payload += 4 * n
+
+        label = f"all_to_all_single uneven {n}"
+        with f.guard(label):
+            # Rank r sends (n + r + q) % 7 + q * n // world elements to rank q.
+            def split(src: int, dst: int) -> int:
+                return (n + src + dst) % 7 + dst * n // (world * world)
+
+            send_splits = [split(rank, q) for q in range(world)]
+            recv_splits = [split(q, rank) for q in range(world)]
+            inp = torch.cat([input_for(100 + k, rank * world + q, (send_splits[q],), torch.int64, None)
+                             for q in range(world)])
+            out = torch.full((sum(recv_splits),), -1, dtype=torch.int64)
+            dist.all_to_all_single(out, inp, recv_splits, send_splits)
+            expected = torch.cat([input_for(100 + k, q * world + rank, (recv_splits[q],), torch.int64, None)
+                                  for q in range(world)])
+            f.check(label, check_equal(out, expected))
+            payload += 8 * (sum(send_splits) - send_splits[rank])
+
+        label = f"gather/scatter/reduce {n}"
+        with f.guard(label):
+            root = k % world
+            mine = input_for(200 + k, rank, (n,), torch.int64, None)
+            gathered = [torch.empty(n, dtype=torch.int64) for _ in range(world)] if rank == root else None
+            dist.gather(mine, gathered, dst=root)
+            if rank == root:
+                for q in range(world):
+                    f.check(label + f" gather from {q}", check_equal(gathered[q], input_for(200 + k, q, (n,), torch.int64, None)))
+            pieces = [input_for(300 + k, q, (n,), torch.int64, None) for q in range(world)] if rank == root else None
+            part = torch.empty(n, dtype=torch.int64)
+            dist.scatter(part, pieces, src=root)
+            f.check(label + " scatter", check_equal(part, input_for(300 + k, rank, (n,), torch.int64, None)))
+            total = mine.clone()
+            dist.reduce(total, dst=root)
+            if rank == root:
+                expected = sum(input_for(200 + k, q, (n,), torch.int64, None) for q in range(world))
+                f.check(label + " reduce", check_equal(total, expected))
+            # Lower bound of what this rank sent: its gather part, or the scatter's pieces.
+            payload += 8 * n if rank != root else 8 * n * (world - 1)
+    dist.barrier()
+    socket_after, ring_after = _bytes_by_path()
+    failures, checks = f.result()
+    return failures, checks, {"socket": socket_after - socket_before, "ring": ring_after - ring_before,
+                              "payload": payload}
+
+
+@pytest.mark.usefixtures("pycomm")
+@pytest.mark.parametrize("world", [2, 3])
+def test_other_ops_go_through_the_rings(world: int) -> None:
+    results = run_ranks(_worker, world, backend="pycomm", timeout_s=TIMEOUT_S)
+    assert_no_failures([(failures, checks) for failures, checks, _ in results])
+    for rank, (_, _, sent) in enumerate(results):
+        assert sent["payload"] > 4 * RING_BYTES
+        assert sent["ring"] >= sent["payload"], (rank, sent)
+        assert sent["socket"] == 0, (rank, sent)  # doorbells are not frames
+
+
+def _tcp_worker(rank: int, world: int) -> dict[str, int]:
+    t = torch.arange(1000, dtype=torch.float32)
+    dist.broadcast(t, src=0)
+    out = torch.empty(1000 * world)
+    dist.all_to_all_single(out, t.repeat(world))
+    socket, ring = _bytes_by_path()
+    return {"socket": socket, "ring": ring}
+
+
+@pytest.mark.usefixtures("pycomm")
+def test_forced_tcp_uses_no_ring(pycomm: Any) -> None:
+    results = run_ranks(_tcp_worker, 2, backend="pycomm", timeout_s=TIMEOUT_S,
+                        pg_options=pycomm.Options(transport="tcp"))
+    for sent in results:
+        assert sent["ring"] == 0 and sent["socket"] >= 4000, sent
