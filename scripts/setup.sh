@@ -12,8 +12,10 @@ python3 -m pip install -q ninja pytest hypothesis numpy matplotlib
 command -v cmake >/dev/null || python3 -m pip install -q cmake
 # No build isolation: an isolated build would fetch another torch. The first install registers the
 # package in place; later runs rebuild only when a source changed, incrementally with ninja.
+# (Re)register when the installed package is not this checkout, e.g. a copy moved elsewhere.
 so=$(ls pycomm/_C*.so 2>/dev/null | head -n 1 || true)
-if ! python3 -m pip show -q pycomm >/dev/null 2>&1 || [ -z "$so" ]; then
+registered=$(cd / && python3 -c "import importlib.util as u; s = u.find_spec('pycomm'); print(s.submodule_search_locations[0] if s else '')" 2>/dev/null || true)
+if [ -z "$so" ] || [ -z "$registered" ] || [ "$(realpath -m "$registered")" != "$(pwd -P)/pycomm" ]; then
   python3 -m pip install -q --no-build-isolation -e .
 elif [ -n "$(find csrc setup.py -newer "$so" -type f 2>/dev/null | head -n 1)" ]; then
   python3 setup.py -q build_ext --inplace

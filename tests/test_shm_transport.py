@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from mp import run_ranks
-from reference import check_equal, input_for
+from reference import check_equal, check_reduced, input_for
 from support import Failures, assert_no_failures
 
 TIMEOUT_S = 120
@@ -112,3 +112,25 @@ def test_forced_tcp_uses_no_ring(pycomm: Any) -> None:
                         pg_options=pycomm.Options(transport="tcp"))
     for sent in results:
         assert sent["ring"] == 0 and sent["socket"] >= 4000, sent
+
+
+def _in_place_reduce_scatter(rank: int, world: int) -> tuple[list[str], int]:
+    """reduce_scatter_tensor whose output is this rank's block of its own input (FSDP-style flat
+    buffers do this): the shared-memory path must not read a block it has already overwritten."""
+    f = Failures(rank)
+    for k, n in enumerate((1, 4099, 300_007)):  # one chunk, and several 1-MiB slots' worth
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            label = f"in-place reduce_scatter {n} {dtype}"
+            with f.guard(label):
+                inp = input_for(400 + k, rank, (world * n,), dtype, None)
+                out = inp.view(world, n)[rank]
+                dist.reduce_scatter_tensor(out, inp)
+                blocks = [input_for(400 + k, q, (world * n,), dtype, None).view(world, n)[rank] for q in range(world)]
+                f.check(label, check_reduced(out, blocks, "sum"))
+    return f.result()
+
+
+@pytest.mark.usefixtures("pycomm")
+@pytest.mark.parametrize("world", [2, 3])
+def test_in_place_reduce_scatter(world: int) -> None:
+    assert_no_failures(run_ranks(_in_place_reduce_scatter, world, backend="pycomm", timeout_s=TIMEOUT_S))

@@ -115,16 +115,24 @@ void ShmGroup::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, 
     const size_t n = std::min(chunkElems, count - std::min(count, offset));
     uint8_t* mine = bytes + offset * esize;
     const uint32_t e = begin(sig, wait);
-    if (n > 0) std::memcpy(input(rank_, e), mine, n * esize);
+    Segments slices(n, size_);
+    if (shortMessage) {
+      if (n > 0) std::memcpy(input(rank_, e), mine, n * esize);
+    } else {
+      // Only the slices other ranks reduce: this rank reads its own slice from its buffer.
+      const size_t before = slices.offset(rank_) * esize;
+      const size_t after = slices.offset(rank_ + 1) * esize;
+      if (before > 0) std::memcpy(input(rank_, e), mine, before);
+      if (n * esize > after) std::memcpy(input(rank_, e) + after, mine + after, n * esize - after);
+    }
     arrive(e, wait);
     if (shortMessage) {
       // Every rank reduces all inputs in rank order: identical bits everywhere, one sync.
       for (int q = 0; q < size_; ++q) sources[q] = input(q, e);
       codecs::reduceMany(mine, sources.data(), size_, n, dtype, op);
     } else {
-      Segments slices(n, size_);
       const size_t so = slices.offset(rank_) * esize;
-      for (int q = 0; q < size_; ++q) sources[q] = input(q, e) + so;
+      for (int q = 0; q < size_; ++q) sources[q] = q == rank_ ? mine + so : input(q, e) + so;
       codecs::reduceMany(result(rank_, e) + so, sources.data(), size_, slices.length(rank_), dtype, op);
       transport::shm::publish(control(rank_).reduced, e);
       waitAll(Flag::kReduced, e, wait, "reduced slices");
@@ -174,16 +182,26 @@ void ShmGroup::reduceScatter(const void* in, void* out, size_t count, DataType d
   const size_t chunks = std::max<size_t>(1, (count + chunkElems - 1) / chunkElems);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
+  const auto in0 = reinterpret_cast<uintptr_t>(src);
+  const auto out0 = reinterpret_cast<uintptr_t>(dst);
+  const bool ownFromInput = out0 + count * esize <= in0 || in0 + size_ * count * esize <= out0;
   std::vector<const void*> sources(size_);
   for (size_t k = 0; k < chunks; ++k) {
     const size_t offset = k * chunkElems;
     const size_t n = std::min(chunkElems, count - std::min(count, offset));
     const uint32_t e = begin(sig, wait);
+    // Every block but this rank's own, which it reads from its input directly (unless the output
+    // overlaps the input: the reduction would then overwrite a source it still has to read).
     for (int j = 0; j < size_ && n > 0; ++j) {
-      std::memcpy(input(rank_, e) + j * chunkElems * esize, src + (j * count + offset) * esize, n * esize);
+      if (j != rank_ || !ownFromInput) {
+        std::memcpy(input(rank_, e) + j * chunkElems * esize, src + (j * count + offset) * esize, n * esize);
+      }
     }
     arrive(e, wait);
-    for (int q = 0; q < size_; ++q) sources[q] = input(q, e) + rank_ * chunkElems * esize;
+    for (int q = 0; q < size_; ++q) {
+      sources[q] = q == rank_ && ownFromInput ? src + (rank_ * count + offset) * esize
+                                              : input(q, e) + rank_ * chunkElems * esize;
+    }
     codecs::reduceMany(dst + offset * esize, sources.data(), size_, n, dtype, op);
     finish(e);
   }
