@@ -3,8 +3,12 @@
 For an all-reduce of n bytes over p ranks each algorithm is modelled as
 ``alpha * steps(p) + beta * bytes(n, p)`` (seconds), with steps and bytes per rank from its
 schedule (the same formulas as csrc/core/algorithms/cost_model.cc). ``python -m pycomm.bench --tune``
-measures every algorithm on this machine and fits alpha and beta by least squares; the backend
-reads the table from PYCOMM_TUNING_FILE, else the user cache, else the table shipped here.
+measures every algorithm on this machine at a ladder of sizes. One (alpha, beta) pair per algorithm
+over the whole range mispredicts the crossovers (caches, socket buffers and chunking bend the curves),
+so the table holds one pair per algorithm per band between two measured sizes, through both
+measurements: exact at the measured sizes, linear in between, and still scaled to other world sizes
+by steps(p) and bytes(n, p). The backend reads the table from PYCOMM_TUNING_FILE, else the user
+cache, else the table shipped here.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 ALGORITHMS = ("ring", "tree", "rhd")
+Model = dict[str, tuple[float, float]]  # algorithm -> (alpha seconds/step, beta seconds/byte)
+Band = tuple[int, Model]  # (largest size in bytes the band covers, -1 for no limit; its constants)
 RHD_HALVING_THRESHOLD = 64 * 1024
 DEFAULT_TABLE = Path(__file__).with_name("tuning_data") / "default.json"
 USER_TABLE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pycomm" / "tuning.json"
@@ -54,12 +60,12 @@ def bytes_moved(algorithm: str, n: float, p: int) -> float:
     return 2.0 * (q - 1) / q * n + fold
 
 
-def fit(points: list[tuple[str, int, int, float]]) -> dict[str, tuple[float, float]]:
+def fit(points: list[tuple[str, int, int, float]]) -> Model:
     """Least squares alpha, beta per algorithm from (algorithm, nbytes, world, seconds) points.
 
     Weighted by 1/seconds so small messages (latency) count as much as large ones (bandwidth).
     """
-    model: dict[str, tuple[float, float]] = {}
+    model: Model = {}
     for algorithm in ALGORITHMS:
         rows = [(steps(a, p), bytes_moved(a, n, p), t) for a, n, p, t in points if a == algorithm and t > 0]
         if not rows:
@@ -79,6 +85,42 @@ def fit(points: list[tuple[str, int, int, float]]) -> dict[str, tuple[float, flo
     return model
 
 
+def _through(low: tuple[float, float, float], high: tuple[float, float, float]) -> tuple[float, float]:
+    """alpha, beta of the line through two (steps, bytes, seconds) measurements of one algorithm.
+
+    alpha may come out negative (the time grew faster than in proportion between the two sizes):
+    the line is only an interpolation inside its band. A time that fell with size (noise) gives
+    beta 0, and alpha their mean."""
+    (s, b0, t0), (_, b1, t1) = low, high
+    beta = max((t1 - t0) / (b1 - b0), 0.0) if b1 != b0 else 0.0
+    alpha = ((t0 - beta * b0) + (t1 - beta * b1)) / (2 * s) if s > 0 else 0.0
+    return alpha, beta
+
+
+def fit_bands(points: list[tuple[str, int, int, float]]) -> list[Band]:
+    """One band per pair of consecutive measured sizes, from (algorithm, nbytes, world, seconds)
+    points of one world size. The first band also covers smaller sizes, the last larger ones."""
+    sizes = sorted({n for _, n, _, _ in points})
+    if len(sizes) < 2:
+        return [(-1, fit(points))]
+    measured = {(a, n): (steps(a, p), bytes_moved(a, n, p), t) for a, n, p, t in points if t > 0}
+    bands: list[Band] = []
+    for i, (low, high) in enumerate(zip(sizes, sizes[1:])):
+        model = {
+            algorithm: _through(measured[algorithm, low], measured[algorithm, high])
+            for algorithm in ALGORITHMS
+            if (algorithm, low) in measured and (algorithm, high) in measured
+        }
+        bands.append((high if i < len(sizes) - 2 else -1, model))
+    return bands
+
+
+def choose(bands: list[Band], nbytes: int, p: int) -> str:
+    """The algorithm auto picks for an n-byte all-reduce over p ranks (as cost_model.cc does)."""
+    model = next((m for limit, m in bands if limit < 0 or nbytes <= limit), bands[-1][1])
+    return min(model, key=lambda a: model[a][0] * steps(a, p) + model[a][1] * bytes_moved(a, nbytes, p))
+
+
 def table_path() -> Path:
     explicit = os.environ.get("PYCOMM_TUNING_FILE")
     if explicit:
@@ -86,22 +128,32 @@ def table_path() -> Path:
     return USER_TABLE if USER_TABLE.exists() else DEFAULT_TABLE
 
 
-def load_cost_model() -> dict[str, tuple[float, float]]:
+def _model(entries: dict[str, Any]) -> Model:
+    return {name: (float(e["alpha"]), float(e["beta"])) for name, e in entries.items() if name in ALGORITHMS}
+
+
+def load_cost_model() -> list[Band]:
+    """The bands of the table in force, smallest first (a table of one global fit is one band)."""
     path = table_path()
     try:
         data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+        if "bands" in data:
+            bands = [(int(b["up_to_bytes"]), _model(b["algorithms"])) for b in data["bands"]]
+        else:
+            bands = [(-1, _model(data.get("algorithms", {})))]
+    except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"pycomm: cannot read the tuning table {path}: {error}") from None
-    model = {}
-    for name, entry in data.get("algorithms", {}).items():
-        if name in ALGORITHMS:
-            model[name] = (float(entry["alpha"]), float(entry["beta"]))
-    return model
+    return sorted(bands, key=lambda band: band[0] if band[0] >= 0 else math.inf)
 
 
-def write_table(path: Path, model: dict[str, tuple[float, float]], meta: dict[str, Any]) -> None:
+def write_table(path: Path, bands: list[Band], overall: Model, meta: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     document = dict(meta)
-    document["model"] = "seconds = alpha * steps(p) + beta * bytes_per_rank(n, p)"
-    document["algorithms"] = {name: {"alpha": a, "beta": b} for name, (a, b) in model.items()}
+    document["model"] = ("seconds = alpha * steps(p) + beta * bytes_per_rank(n, p), with alpha and beta "
+                         "per algorithm per band of sizes (up_to_bytes -1: no limit)")
+    document["bands"] = [
+        {"up_to_bytes": limit, "algorithms": {name: {"alpha": a, "beta": b} for name, (a, b) in model.items()}}
+        for limit, model in bands
+    ]
+    document["algorithms"] = {name: {"alpha": a, "beta": b} for name, (a, b) in overall.items()}
     path.write_text(json.dumps(document, indent=2) + "\n")

@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "codecs/block_codec.h"
 #include "logging.h"
@@ -22,13 +24,27 @@ struct AlgorithmCost {
   double beta = 0;
 };
 
-// Defaults are placeholders of the right shape; the Python layer passes the measured table.
-struct CostModel {
+// The constants of every algorithm for all-reduces of up to upToBytes bytes (and more than the
+// previous band's limit). Defaults are placeholders of the right shape; the Python layer passes
+// the measured table.
+struct CostBand {
+  size_t upToBytes = SIZE_MAX;
   AlgorithmCost ring{30e-6, 1.0e-9};
   AlgorithmCost tree{30e-6, 1.2e-9};
   AlgorithmCost rhd{30e-6, 1.1e-9};
   const AlgorithmCost& of(Algorithm a) const {
     return a == Algorithm::kTree ? tree : a == Algorithm::kRhd ? rhd : ring;
+  }
+};
+
+// Bands in increasing upToBytes; the last one also covers larger sizes.
+struct CostModel {
+  std::vector<CostBand> bands{CostBand{}};
+  const CostBand& bandFor(size_t nbytes) const {
+    for (const CostBand& band : bands) {
+      if (nbytes <= band.upToBytes) return band;
+    }
+    return bands.back();
   }
 };
 

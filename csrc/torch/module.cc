@@ -2,6 +2,7 @@
 // ProcessGroup) and the few helpers the Python layer needs to fill a Config.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <torch/csrc/utils/pybind.h>
 
@@ -64,16 +65,26 @@ Config parseConfig(int rank, int size, const py::dict& config) {
       throw py::value_error(e.what());
     }
   }
-  auto model = required<py::dict>(config, "cost_model");
-  auto cost = [&](const char* name, pycomm::AlgorithmCost& out) {
-    if (!model.contains(name)) return;
-    auto pair = model[name].cast<std::pair<double, double>>();
-    out.alpha = pair.first;
-    out.beta = pair.second;
-  };
-  cost("ring", c.costModel.ring);
-  cost("tree", c.costModel.tree);
-  cost("rhd", c.costModel.rhd);
+  // [(up_to_bytes or -1, {algorithm: (alpha, beta)}), ...] as pycomm.tuning.load_cost_model gives.
+  auto bands = required<py::list>(config, "cost_model");
+  std::vector<pycomm::CostBand> parsed;
+  for (const auto& item : bands) {
+    auto [limit, model] = item.cast<std::pair<long long, py::dict>>();
+    pycomm::CostBand band;
+    band.upToBytes = limit < 0 ? SIZE_MAX : static_cast<size_t>(limit);
+    auto cost = [&](const char* name, pycomm::AlgorithmCost& out) {
+      if (!model.contains(name)) return;
+      auto pair = model[name].cast<std::pair<double, double>>();
+      out.alpha = pair.first;
+      out.beta = pair.second;
+    };
+    cost("ring", band.ring);
+    cost("tree", band.tree);
+    cost("rhd", band.rhd);
+    parsed.push_back(band);
+  }
+  std::sort(parsed.begin(), parsed.end(), [](const auto& a, const auto& b) { return a.upToBytes < b.upToBytes; });
+  if (!parsed.empty()) c.costModel.bands = std::move(parsed);
   return c;
 }
 

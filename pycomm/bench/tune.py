@@ -1,9 +1,9 @@
 """``python -m pycomm.bench --tune``: fit the cost model behind ``algorithm="auto"``.
 
 Measures all_reduce with each algorithm (ring, tree, rhd) over TCP at this world size, fits alpha
-(seconds per step) and beta (seconds per byte a rank moves) per algorithm by least squares (see
-pycomm.tuning), prints predicted against measured times, and writes the table that new process
-groups read.
+(seconds per step) and beta (seconds per byte a rank moves) per algorithm for each band between two
+measured sizes (see pycomm.tuning), prints the measurements with the algorithm auto will pick, and
+writes the table that new process groups read.
 """
 
 from __future__ import annotations
@@ -44,19 +44,19 @@ def tune(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequen
         for row in document["rows"]
         if row.get("time_us") and row.get("algo") in tuning.ALGORITHMS
     ]
-    model = tuning.fit(points)
-    print(f"\nfitted at world {world}: seconds = alpha * steps(p) + beta * bytes_per_rank(n, p)")
-    for name, (alpha, beta) in model.items():
-        print(f"  {name:<5} alpha {alpha * 1e6:8.2f} us/step   beta {beta * 1e9:7.3f} ns/byte")
-    print(f"\n{'size':>10} " + " ".join(f"{a + ' meas/pred (us)':>24}" for a in model))
-    for size in sorted({n for _, n, _, _ in points}):
-        cells = []
+    overall = tuning.fit(points)
+    bands = tuning.fit_bands(points)
+    print(f"\nfitted at world {world}: seconds = alpha * steps(p) + beta * bytes_per_rank(n, p), per band")
+    for limit, model in bands:
+        print(f"  up to {'any size' if limit < 0 else f'{limit} B'}:")
         for name, (alpha, beta) in model.items():
-            measured = next((t for a, n, _, t in points if a == name and n == size), float("nan"))
-            predicted = alpha * tuning.steps(name, world) + beta * tuning.bytes_moved(name, size, world)
-            cells.append(f"{measured * 1e6:>11.1f}/{predicted * 1e6:<12.1f}")
-        print(f"{size:>10} " + " ".join(f"{c:>24}" for c in cells))
-    tuning.write_table(out, model, {
+            print(f"    {name:<5} alpha {alpha * 1e6:8.2f} us/step   beta {beta * 1e9:7.3f} ns/byte")
+    names = [a for a in tuning.ALGORITHMS if any(a == p[0] for p in points)]
+    print(f"\n{'size':>10} " + " ".join(f"{a + ' (us)':>12}" for a in names) + "   auto picks")
+    for size in sorted({n for _, n, _, _ in points}):
+        cells = [next((t for a, n, _, t in points if a == name and n == size), float("nan")) for name in names]
+        print(f"{size:>10} " + " ".join(f"{c * 1e6:>12.1f}" for c in cells) + f"   {tuning.choose(bands, size, world)}")
+    tuning.write_table(out, bands, overall, {
         "command": "python -m pycomm.bench " + " ".join(argv),
         "host": socket.gethostname(),
         "world_size": world,

@@ -43,7 +43,7 @@ double modelBytes(Algorithm algorithm, double n, int p) {
 }
 
 double predictSeconds(const CostModel& model, Algorithm algorithm, size_t nbytes, int p) {
-  const AlgorithmCost& cost = model.of(algorithm);
+  const AlgorithmCost& cost = model.bandFor(nbytes).of(algorithm);
   return cost.alpha * modelSteps(algorithm, p) + cost.beta * modelBytes(algorithm, static_cast<double>(nbytes), p);
 }
 

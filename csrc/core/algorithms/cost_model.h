@@ -1,7 +1,7 @@
 // The alpha-beta model behind algorithm="auto": time = alpha * steps(p) + beta * bytes(n, p), with
-// alpha (seconds per step) and beta (seconds per byte a rank moves) fitted per algorithm from
-// measurements on the machine (python -m pycomm.bench --tune). steps and bytes follow each
-// algorithm's schedule, so constants measured at one world size predict the others.
+// alpha (seconds per step) and beta (seconds per byte a rank moves) fitted per algorithm and per
+// band of message sizes from measurements on the machine (python -m pycomm.bench --tune). steps and
+// bytes follow each algorithm's schedule, so constants measured at one world size predict the others.
 #pragma once
 
 #include <array>
