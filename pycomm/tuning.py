@@ -129,7 +129,17 @@ def table_path() -> Path:
 
 
 def _model(entries: dict[str, Any]) -> Model:
-    return {name: (float(e["alpha"]), float(e["beta"])) for name, e in entries.items() if name in ALGORITHMS}
+    model = {name: (float(e["alpha"]), float(e["beta"])) for name, e in entries.items() if name in ALGORITHMS}
+    if not model:
+        raise ValueError(f"no algorithm among {', '.join(ALGORITHMS)}")
+    return model
+
+
+def _limit(value: Any) -> int:
+    limit = int(value)
+    if limit != -1 and not 0 <= limit < 2**63:
+        raise ValueError(f"up_to_bytes {value!r} is neither -1 nor a byte count")
+    return limit
 
 
 def load_cost_model() -> list[Band]:
@@ -138,10 +148,14 @@ def load_cost_model() -> list[Band]:
     try:
         data: dict[str, Any] = json.loads(path.read_text())
         if "bands" in data:
-            bands = [(int(b["up_to_bytes"]), _model(b["algorithms"])) for b in data["bands"]]
+            bands = [(_limit(b["up_to_bytes"]), _model(b["algorithms"])) for b in data["bands"]]
         else:
-            bands = [(-1, _model(data.get("algorithms", {})))]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+            bands = [(-1, _model(data["algorithms"]))]
+        if not bands:
+            raise ValueError("no bands")
+        if len({limit for limit, _ in bands}) != len(bands):
+            raise ValueError("two bands with the same up_to_bytes")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"pycomm: cannot read the tuning table {path}: {error}") from None
     return sorted(bands, key=lambda band: band[0] if band[0] >= 0 else math.inf)
 

@@ -14,7 +14,7 @@ from reference import check_equal, check_reduced, input_for
 from support import Failures, assert_no_failures
 
 TIMEOUT_S = 120
-RING_BYTES = 2 << 20  # the default ring capacity (Config::shmRingBytes)
+RING_BYTES = 2 << 20  # the largest ring capacity (Config::shmRingBytes; world 3 gets 16 MiB / 9)
 # Element counts: empty, one, a prime, and 16 MiB + 3 of float32 (eight ring capacities).
 COUNTS = (0, 1, 4099, (16 << 20) // 4 + 3)
 
@@ -134,3 +134,46 @@ def _in_place_reduce_scatter(rank: int, world: int) -> tuple[list[str], int]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_in_place_reduce_scatter(world: int) -> None:
     assert_no_failures(run_ranks(_in_place_reduce_scatter, world, backend="pycomm", timeout_s=TIMEOUT_S))
+
+
+def _sender_leaves(rank: int, world: int, pid_file: str) -> tuple[list[str], int]:
+    """Rank 0 is stopped (SIGSTOP) while rank 1 sends into the ring and destroys its group, then
+    continued: its event loop finds the doorbell and the closed socket in one go. The message must
+    still be delivered, as a socket delivers what came before its end."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    f = Failures(rank)
+    n = 100_003  # 400 KB: fits in the ring, so the send completes while rank 0 is stopped
+    dist.barrier()
+    if rank == 0:
+        Path(pid_file).write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+        got = torch.full((n,), float("nan"))
+        with f.guard("receive after the sender left"):
+            dist.recv(got, src=1)
+            f.check("receive after the sender left", check_equal(got, input_for(500, 1, (n,), torch.float32, None)))
+    else:
+        with f.guard("send, then leave"):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # until rank 0 is stopped
+                path = Path(pid_file)
+                if path.exists() and path.read_text():
+                    pid = int(path.read_text())
+                    if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+                        break
+                time.sleep(0.01)
+            dist.send(input_for(500, 1, (n,), torch.float32, None), dst=0)
+            dist.destroy_process_group()
+            time.sleep(0.2)  # the close reaches rank 0's socket
+            os.kill(pid, signal.SIGCONT)
+            f.check("send, then leave", None)
+    return f.result()
+
+
+@pytest.mark.usefixtures("pycomm")
+def test_message_in_the_ring_outlives_its_sender(tmp_path: Any) -> None:
+    assert_no_failures(run_ranks(_sender_leaves, 2, backend="pycomm", timeout_s=TIMEOUT_S, destroy=False,
+                                 args=(str(tmp_path / "pid"),)))

@@ -48,9 +48,13 @@ def test_table_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert tuning.load_cost_model() == bands
     path.write_text(json.dumps({"algorithms": {"ring": {"alpha": 1e-5, "beta": 1e-9}}}))
     assert tuning.load_cost_model() == [(-1, {"ring": (1e-5, 1e-9)})]  # a table of one global fit
-    path.write_text(json.dumps({"bands": [{"up_to_bytes": 10}]}))
-    with pytest.raises(ValueError, match="tuning table"):
-        tuning.load_cost_model()
+    for broken in ({"bands": [{"up_to_bytes": 10}]}, {"bands": []}, {"bands": [{"up_to_bytes": 1, "algorithms": []}]},
+                   {"bands": [{"up_to_bytes": 1, "algorithms": {}}]}, [], {"bands": [{"up_to_bytes": 1e30,
+                   "algorithms": {"ring": {"alpha": 1, "beta": 1}}}]}, {"algorithms": {"ring": {"alpha": 1}}},
+                   {"bands": [{"up_to_bytes": 5, "algorithms": {"ring": {"alpha": 1, "beta": 1}}}] * 2}):
+        path.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match="tuning table"):
+            tuning.load_cost_model()
 
 
 # rhd up to 16 KiB, tree up to 1 MiB, ring above: each band makes one algorithm far cheaper.

@@ -60,7 +60,8 @@ struct Config {
   // its network namespace; PYCOMM_HOST_ID overrides).
   std::string hostId;
   size_t shmSlotBytes = 1024 * 1024;
-  // Capacity of each shared-memory byte ring between two ranks of a host (see transport/shm/ring.h).
+  // Capacity of each shared-memory byte ring between two ranks of a host (see transport/shm/ring.h),
+  // at most: a host group of p ranks has p * p rings and gives each 16 MiB / p^2 (at least 256 KiB).
   size_t shmRingBytes = 2 * 1024 * 1024;
   Algorithm algorithm = Algorithm::kAuto;
   // Pipelining grain: large ops are cut into chunks of this many bytes (measured default).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend.h"
@@ -73,6 +74,8 @@ Config parseConfig(int rank, int size, const py::dict& config) {
     pycomm::CostBand band;
     band.upToBytes = limit < 0 ? SIZE_MAX : static_cast<size_t>(limit);
     auto cost = [&](const char* name, pycomm::AlgorithmCost& out) {
+      // An algorithm the table has no constants for is never chosen, as pycomm.tuning.choose does.
+      out = {std::numeric_limits<double>::infinity(), 0.0};
       if (!model.contains(name)) return;
       auto pair = model[name].cast<std::pair<double, double>>();
       out.alpha = pair.first;
@@ -83,7 +86,7 @@ Config parseConfig(int rank, int size, const py::dict& config) {
     cost("rhd", band.rhd);
     parsed.push_back(band);
   }
-  std::sort(parsed.begin(), parsed.end(), [](const auto& a, const auto& b) { return a.upToBytes < b.upToBytes; });
+  std::stable_sort(parsed.begin(), parsed.end(), [](const auto& a, const auto& b) { return a.upToBytes < b.upToBytes; });
   if (!parsed.empty()) c.costModel.bands = std::move(parsed);
   return c;
 }

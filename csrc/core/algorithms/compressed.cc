@@ -73,18 +73,20 @@ void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec,
   std::vector<Piece> pieces;
   size_t encodedTotal = 0;
   size_t receivedTotal = 0;
+  size_t accElems = 0;  // this rank's largest segment (not segmentElems: chunk_bytes may be huge)
   for (size_t begin = 0; begin < count || pieces.empty(); begin += pieceElems) {
     const size_t n = std::min(pieceElems, count - begin);
     Segments segments = n == pieceElems ? Segments(segmentElems, p, true) : Segments(n, p);
     Segments layout = encodedLayout(segments, p, codec);
     const size_t encodedBytes = layout.offset(p);
     const size_t mine = layout.length(r);
+    accElems = std::max(accElems, segments.length(r));
     pieces.push_back(Piece{begin, std::move(segments), std::move(layout), encodedTotal, receivedTotal});
     encodedTotal += encodedBytes;
     receivedTotal += p * mine;
     if (count == 0) break;
   }
-  scratch.resize(2 * alignUp(encodedTotal) + alignUp(receivedTotal) + alignUp(segmentElems * sizeof(float)) + 64);
+  scratch.resize(2 * alignUp(encodedTotal) + alignUp(receivedTotal) + alignUp(accElems * sizeof(float)) + 64);
   uint8_t* encoded = scratch.data();
   uint8_t* gathered = encoded + alignUp(encodedTotal);
   uint8_t* received = gathered + alignUp(encodedTotal);

@@ -22,7 +22,8 @@ ShmGroup::ShmGroup(int rank, int size, size_t slotBytes, size_t ringBytes, const
     : rank_(rank),
       size_(size),
       slotBytes_(alignUp(slotBytes)),
-      ringBytes_(ringBytes),
+      // p * p rings: larger groups get smaller rings, so that they take 16 MiB at most.
+      ringBytes_(std::min(ringBytes, std::max<size_t>(256 * 1024, (16u << 20) / (static_cast<size_t>(size) * size)))),
       // Polling only pays while every rank has a core: with more ranks than cores the peer we wait
       // for may need this very core, and a sleeping wait hands it over at once.
       spin_(static_cast<unsigned>(size) <= std::thread::hardware_concurrency() ? kSpin : std::chrono::microseconds(0)) {

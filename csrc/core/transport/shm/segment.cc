@@ -36,6 +36,14 @@ Segment Segment::create(const std::string& name, size_t bytes) {
     throw RemoteError(strCat("cannot size shared memory ", s.name_, " to ", bytes, " B: ", std::strerror(err),
                              " (is /dev/shm large enough?)"));
   }
+  // Reserve the pages now: on a /dev/shm too small for the segment, setup fails with this message
+  // instead of a SIGBUS in the middle of some later op. (Filesystems without fallocate: skipped.)
+  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err == ENOSPC || err == EFBIG) {
+    ::close(fd);
+    ::shm_unlink(s.name_.c_str());
+    throw RemoteError(strCat("cannot reserve ", bytes, " B of shared memory for ", s.name_, ": ", std::strerror(err),
+                             " (is /dev/shm large enough?)"));
+  }
   try {
     s.base_ = mapFd(fd, bytes, s.name_);
   } catch (...) {

@@ -26,7 +26,9 @@ std::exception_ptr remoteError(const std::string& message) {
 }
 
 std::string describeFrame(const FrameHeader& h) {
-  return strCat(h.kind == static_cast<uint8_t>(FrameKind::kError) ? "error" : "data",
+  return strCat(h.kind == static_cast<uint8_t>(FrameKind::kError)                ? "error"
+                : h.kind == static_cast<uint8_t>(FrameKind::kMoveToSharedMemory) ? "move to shared memory"
+                                                                                 : "data",
                 h.channel == static_cast<uint8_t>(Channel::kP2P) ? " p2p tag=" : " seq=", h.seq,
                 " slot=", h.slot, " op=", opKindName(static_cast<OpKind>(h.opKind)), " count=", h.count,
                 " bytes=", h.nbytes);
@@ -94,11 +96,7 @@ std::shared_ptr<Request> TcpTransport::isend(int peer, const FrameInfo& info, co
     if (logger_.enabled(LogLevel::kTrace)) {
       logger_.log(LogLevel::kTrace, strCat(" send to peer ", peer, ": ", describeFrame(frame.header)));
     }
-    p.sendQueue.push_back(std::move(frame));
-    // Write from this thread when nothing is queued ahead: it saves waking the loop, which matters
-    // for small messages. What the socket does not take now, the loop writes when it can.
-    if (p.sendQueue.size() == 1) err = flushLocked(p, done);
-    if (!p.sendQueue.empty() && !p.pollingWrite && !p.writeViaRing && err == 0) setPollWrite(p, true);
+    err = enqueueLocked(p, std::move(frame), done);
   }
   for (auto& r : done) r->complete(r->capacity(), peer);
   if (err != 0) {
@@ -226,10 +224,8 @@ void TcpTransport::reportFailure(uint64_t seq, const std::string& message) {
       info.seq = seq;
       OutgoingFrame frame{makeHeader(FrameKind::kError, info, text.size()), nullptr, text.size(), 0,
                           nullptr, std::vector<uint8_t>(text.begin(), text.end())};
-      p.sendQueue.push_back(std::move(frame));
-      p.sendQueue.back().data = p.sendQueue.back().owned.data();
-      if (p.sendQueue.size() == 1) err = flushLocked(p, done);
-      if (!p.sendQueue.empty() && !p.pollingWrite && err == 0) setPollWrite(p, true);
+      frame.data = frame.owned.data();  // the vector's buffer moves with it
+      err = enqueueLocked(p, std::move(frame), done);
     }
     for (auto& r : done) r->complete(r->capacity(), p.rank);
     if (err != 0) failPeer(p, remoteError(strCat(context(), " sending to peer ", p.rank, " failed: ", std::strerror(err))));
@@ -469,25 +465,29 @@ void TcpTransport::acceptStranger() {
 }
 
 void TcpTransport::handleReadable(Peer& peer) {
-  if (peer.readViaRing && !drainDoorbells(peer)) return;
+  std::exception_ptr gone;
+  if (peer.readViaRing) gone = drainDoorbells(peer);
+  // Frames the peer wrote before it closed are delivered first, as a socket would deliver them.
   while (peer.socket.valid() && !stopping_.load() && readSome(peer)) {
+  }
+  if (gone) {
+    failPeer(peer, gone);
+    return;
   }
   // A doorbell also says that the peer made space in this rank's ring to it.
   if (peer.readViaRing) handleWritable(peer);
 }
 
-bool TcpTransport::drainDoorbells(Peer& peer) {
+std::exception_ptr TcpTransport::drainDoorbells(Peer& peer) {
   for (;;) {
     ssize_t n = ::recv(peer.socket.fd(), discard_.data(), discard_.size(), MSG_DONTWAIT);
     if (n > 0) continue;
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    failPeer(peer, remoteError(n == 0 ? strCat(context(), " connection to peer ", peer.rank,
-                                               " closed (the peer exited, was killed, or destroyed its "
-                                               "process group)")
-                                      : strCat(context(), " connection to peer ", peer.rank, " failed: ",
-                                               std::strerror(errno))));
-    return false;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return nullptr;
+    return remoteError(n == 0 ? strCat(context(), " connection to peer ", peer.rank,
+                                       " closed (the peer exited, was killed, or destroyed its process group)")
+                              : strCat(context(), " connection to peer ", peer.rank, " failed: ",
+                                       std::strerror(errno)));
   }
 }
 
@@ -521,9 +521,8 @@ void TcpTransport::moveToSharedMemory(int peer) {
     if (p.sendClosed) return;
     FrameInfo info;
     info.channel = Channel::kCollective;
-    p.sendQueue.push_back(OutgoingFrame{makeHeader(FrameKind::kMoveToSharedMemory, info, 0), nullptr, 0, 0, nullptr, {}});
-    if (p.sendQueue.size() == 1) err = flushLocked(p, done);
-    if (!p.sendQueue.empty() && !p.pollingWrite && !p.writeViaRing && err == 0) setPollWrite(p, true);
+    err = enqueueLocked(p, OutgoingFrame{makeHeader(FrameKind::kMoveToSharedMemory, info, 0), nullptr, 0, 0, nullptr, {}},
+                        done);
   }
   for (auto& r : done) r->complete(r->capacity(), peer);
   if (err != 0) {
@@ -748,6 +747,17 @@ void TcpTransport::handleWritable(Peer& peer) {
     failPeer(peer, remoteError(strCat(context(), " sending to peer ", peer.rank, " failed: ",
                                       std::strerror(err))));
   }
+}
+
+int TcpTransport::enqueueLocked(Peer& peer, OutgoingFrame frame, std::vector<std::shared_ptr<Request>>& done) {
+  peer.sendQueue.push_back(std::move(frame));
+  // Write from this thread when nothing is queued ahead: it saves waking the loop, which matters
+  // for small messages. What the socket does not take now, the loop writes when it can (a full
+  // ring needs no EPOLLOUT: the consumer rings when it has made space).
+  int err = 0;
+  if (peer.sendQueue.size() == 1) err = flushLocked(peer, done);
+  if (!peer.sendQueue.empty() && !peer.pollingWrite && !peer.writeViaRing && err == 0) setPollWrite(peer, true);
+  return err;
 }
 
 int TcpTransport::flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done) {

@@ -123,6 +123,9 @@ class TcpTransport final : public Transport {
   void onHeader(Peer& peer);
   void onPayload(Peer& peer);
   void handleWritable(Peer& peer);
+  // Queues a frame and writes what it can at once; called with peer.sendMutex held. Returns 0 or an
+  // errno; requests whose frames were fully written are appended to `done`.
+  int enqueueLocked(Peer& peer, OutgoingFrame frame, std::vector<std::shared_ptr<Request>>& done);
   // Writes as much of the queue as the socket takes; called with peer.sendMutex held.
   // Requests whose frames were fully written are appended to `done`; returns 0 or an errno.
   int flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done);
@@ -130,8 +133,8 @@ class TcpTransport final : public Transport {
   // One byte on the socket: the peer may be asleep in epoll while its ring has data or space.
   // Called with peer.sendMutex held.
   void ringDoorbellLocked(Peer& peer);
-  // Reads doorbells off a peer's socket; false once the peer is gone.
-  bool drainDoorbells(Peer& peer);
+  // Reads doorbells off a peer's socket; the error to fail it with once it is gone, else null.
+  std::exception_ptr drainDoorbells(Peer& peer);
   void failPeer(Peer& peer, std::exception_ptr error);
   void closeGracefully(Peer& peer);
   void acceptStranger();
