@@ -284,15 +284,27 @@ def _trimmed_rss_bytes() -> int:
     return _rss_bytes()
 
 
-def _open_fds() -> int:
+def _fd_table() -> dict[str, str]:
+    table = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            table[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed since listdir
+            pass
+    return table
+
+
+def _open_fds() -> tuple[int, dict[str, str]]:
     """Open fds, ignoring ones that exist only for an instant (torch and the runtime open and close
-    short-lived fds from their own threads): the least of a few reads 5 ms apart. A leaked fd stays
-    open, so it is in every read."""
-    counts = []
+    short-lived fds from their own threads): the least of a few reads 5 ms apart, and that read's
+    fd -> target table (so that a failure says what the extra fd is). A leaked fd stays open, so it
+    is in every read."""
+    reads = []
     for _ in range(3):
-        counts.append(len(os.listdir("/proc/self/fd")))
+        reads.append(_fd_table())
         time.sleep(0.005)
-    return min(counts)
+    least = min(reads, key=len)
+    return len(least), least
 
 
 def _soak_worker(rank: int, world: int, n_ops: int, seed: int) -> dict[str, Any]:
@@ -328,18 +340,25 @@ def _soak_worker(rank: int, world: int, n_ops: int, seed: int) -> dict[str, Any]
 
     rng = random.Random(seed)
     samples: list[tuple[int, int, int, int]] = []  # (step, trimmed rss, fds, raw rss)
+    fd_tables: dict[int, dict[str, str]] = {}  # step -> fd table, for the first and any that differ
     kinds: Counter[str] = Counter()
     start = time.monotonic()
     for index in range(n_ops):
         if index % SAMPLE_EVERY == 0:
             raw = _rss_bytes()
-            samples.append((index, _trimmed_rss_bytes(), _open_fds(), raw))
+            fds, table = _open_fds()
+            if not fd_tables or fds != samples[0][2]:
+                fd_tables[index] = table
+            samples.append((index, _trimmed_rss_bytes(), fds, raw))
         step = plan_step(rng, world)
         kinds[step["kind"]] += 1
         run(index, step)
     elapsed = time.monotonic() - start
     raw = _rss_bytes()
-    samples.append((n_ops, _trimmed_rss_bytes(), _open_fds(), raw))
+    fds, table = _open_fds()
+    if fds != samples[0][2]:
+        fd_tables[n_ops] = table
+    samples.append((n_ops, _trimmed_rss_bytes(), fds, raw))
 
     stats_mismatch = []
     for name, group in groups.items():
@@ -355,6 +374,7 @@ def _soak_worker(rank: int, world: int, n_ops: int, seed: int) -> dict[str, Any]
         "n_wrong": n_wrong,
         "wrong": wrong,
         "samples": samples,
+        "fd_tables": fd_tables,
         "elapsed": elapsed,
         "kinds": dict(kinds),
         "stats_mismatch": stats_mismatch,
@@ -387,7 +407,17 @@ def test_soak_random_collectives(pycomm: ModuleType) -> None:
             )
         fds = sorted({s[2] for s in samples})
         if fds != [base_fds]:
-            problems.append(f"rank {rank}: open fds changed after warm-up: {fds}")
+            tables = res["fd_tables"]
+            first = tables[samples[0][0]]
+            changes = {
+                step: {fd: table.get(fd, first.get(fd)) for fd in set(table) ^ set(first)}
+                for step, table in tables.items()
+                if step != samples[0][0]
+            }
+            problems.append(
+                f"rank {rank}: open fds changed after warm-up: {[(s[0], s[2]) for s in samples]}; "
+                f"fds added or gone by step: {changes}"
+            )
     r0 = results[0]
     rss = [s[1] / 2**20 for s in r0["samples"]]
     raw = [s[3] / 2**20 for s in r0["samples"]]
