@@ -59,7 +59,12 @@ size_t Ring::read(uint8_t* dst, size_t want, bool& ringProducer) {
     done += piece;
   }
   header_->tail.store(tail + n);
-  ringProducer = header_->spaceWanted.load() != 0 && header_->spaceWanted.exchange(0) != 0;
+  // A producer waiting for space is told once half the ring is free (or all of it: the consumer
+  // reads until the ring is empty, so that point always comes), not after every small read.
+  const size_t space = capacity_ - (available - n);
+  if (space >= capacity_ / 2 || available == n) {
+    ringProducer = header_->spaceWanted.load() != 0 && header_->spaceWanted.exchange(0) != 0;
+  }
   return n;
 }
 
