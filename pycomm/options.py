@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 ALGORITHMS = ("auto", "ring", "tree", "rhd")
-TRANSPORTS = ("auto", "tcp")
+TRANSPORTS = ("auto", "tcp", "shm")
 COMPRESSIONS = ("none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 DEFAULT_CHUNK_BYTES = 512 * 1024
@@ -57,7 +57,7 @@ class Options:
 
     algorithm: str | None = None  # all-reduce schedule: auto, ring, tree, rhd
     compression: str | None = None  # none, fp16, bf16, fp8_e4m3, fp8_e5m2 (fp32 all-reduce etc.)
-    transport: str | None = None  # auto, tcp
+    transport: str | None = None  # auto, tcp, shm (one host only)
     socket_ifname: str | None = None  # interface to listen on (default: the one reaching the store)
     chunk_bytes: int | None = None  # pipelining grain of large ops
     bucket_bytes: int | None = None  # all_reduce_coalesced fuses tensors into buckets this large

@@ -206,7 +206,7 @@ def test_silent_peer_times_out(
     ("field", "valid"),
     [
         ("algorithm", ("auto", "ring")),
-        ("transport", ("auto", "tcp")),
+        ("transport", ("auto", "tcp", "shm")),
         ("debug", ("WARN", "INFO", "TRACE")),
     ],
 )

@@ -177,3 +177,35 @@ def _sender_leaves(rank: int, world: int, pid_file: str) -> tuple[list[str], int
 def test_message_in_the_ring_outlives_its_sender(tmp_path: Any) -> None:
     assert_no_failures(run_ranks(_sender_leaves, 2, backend="pycomm", timeout_s=TIMEOUT_S, destroy=False,
                                  args=(str(tmp_path / "pid"),)))
+
+
+def _forced_shm(rank: int, world: int, split_hosts: bool) -> dict[str, Any]:
+    """transport="shm": shared memory for everything on one host; a clear error on every rank when
+    the ranks are on several hosts (told apart here by PYCOMM_HOST_ID, as namespaces would be)."""
+    import os
+
+    import pycomm
+
+    if split_hosts:
+        os.environ["PYCOMM_HOST_ID"] = f"host{rank % 2}"
+    try:
+        group = dist.new_group(backend="pycomm", pg_options=pycomm.Options(transport="shm"))
+    except Exception as error:  # noqa: BLE001 - the error itself is the result
+        return {"error": f"{type(error).__name__}: {error}"}
+    t = torch.arange(4099, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(t, group=group)
+    out = torch.empty(4 * world)
+    dist.all_to_all_single(out, torch.arange(4 * world, dtype=torch.float32) + 100 * rank, group=group)
+    stats = pycomm.stats(group)
+    return {"sum_ok": bool((t == torch.arange(4099) * world * (world + 1) / 2).all()),
+            "alltoall_ok": out.tolist() == [100 * q + 4 * rank + i for q in range(world) for i in range(4)],
+            "ring_bytes": int(stats["transport/shm_ring"]["bytes_sent"])}
+
+
+@pytest.mark.usefixtures("pycomm")
+def test_forced_shm_on_one_host_and_across_hosts() -> None:
+    for res in run_ranks(_forced_shm, 3, backend="pycomm", timeout_s=TIMEOUT_S, args=(False,)):
+        assert res == {"sum_ok": True, "alltoall_ok": True, "ring_bytes": res["ring_bytes"]} and res["ring_bytes"] > 0, res
+    for res in run_ranks(_forced_shm, 4, backend="pycomm", timeout_s=TIMEOUT_S, args=(True,)):
+        assert "transport=shm needs every rank on one host" in res.get("error", ""), res
+        assert "use transport=auto" in res["error"], res

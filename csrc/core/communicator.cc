@@ -77,7 +77,7 @@ Communicator::Communicator(const Config& config, Store& store)
   auto tcp = std::make_unique<transport::tcp::TcpTransport>(options, store);
   tcp_ = tcp.get();
   transport_ = std::move(tcp);
-  if (config.transport == TransportKind::kAuto && config.size > 1) setupSharedMemory(store);
+  if (config.transport != TransportKind::kTcp && config.size > 1) setupSharedMemory(store);
   worker_ = std::thread([this] { workerLoop(); });
   logger_.log(LogLevel::kInfo, strCat("connected over ", transport_->name(), ", listening on ",
                                       config.bindHost, ", chunk ", config.chunkBytes, " B"));
@@ -101,6 +101,11 @@ void Communicator::setupSharedMemory(Store& store) {
     if (members.count(hosts[q]) == 0) order.push_back(hosts[q]);
     members[hosts[q]].push_back(q);
   }
+  // Every rank sees the same host list, so all of them raise here, none waits for the others.
+  PYCOMM_CHECK(config_.transport != TransportKind::kShm || order.size() == 1, InvalidUsageError, prefix(),
+               " transport=shm needs every rank on one host, but this group spans ", order.size(),
+               " hosts (host id of rank 0: '", hosts[0], "', of this rank: '", mine,
+               "'); use transport=auto for shared memory inside hosts and TCP across them");
   const auto& local = members[mine];
   const int localRank = static_cast<int>(std::find(local.begin(), local.end(), rank()) - local.begin());
   const int hostIndex = static_cast<int>(std::find(order.begin(), order.end(), mine) - order.begin());

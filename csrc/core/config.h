@@ -15,8 +15,9 @@
 namespace pycomm {
 
 enum class Algorithm { kAuto, kRing, kTree, kRhd };
-// auto: shared memory among ranks on one host, TCP otherwise; tcp: sockets everywhere.
-enum class TransportKind { kAuto, kTcp };
+// auto: shared memory among ranks on one host, TCP otherwise; tcp: sockets everywhere; shm: shared
+// memory, and an error at setup if the group's ranks are not all on one host.
+enum class TransportKind { kAuto, kTcp, kShm };
 
 // Fitted constants of one all-reduce algorithm: seconds per step and per byte a rank moves.
 struct AlgorithmCost {

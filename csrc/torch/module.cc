@@ -52,8 +52,10 @@ Config parseConfig(int rank, int size, const py::dict& config) {
     c.transport = pycomm::TransportKind::kAuto;
   } else if (transport == "tcp") {
     c.transport = pycomm::TransportKind::kTcp;
+  } else if (transport == "shm") {
+    c.transport = pycomm::TransportKind::kShm;
   } else {
-    throw py::value_error("unknown transport '" + transport + "' (valid: auto, tcp)");
+    throw py::value_error("unknown transport '" + transport + "' (valid: auto, tcp, shm)");
   }
   c.hostId = required<std::string>(config, "host_id");
   c.bucketBytes = required<size_t>(config, "bucket_bytes");
