@@ -1,4 +1,5 @@
-"""Helpers used inside rank processes: failure collection, op mapping, known gaps."""
+"""Helpers used inside rank processes (failure collection, op mapping, known gaps), and the import
+policy of the CLI tests."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -17,6 +19,24 @@ from reference import PREMUL_FACTOR
 # last label printed by each rank (in the captured stderr) names the culprit.
 TRACE = os.environ.get("PYCOMM_TEST_TRACE") == "1"
 FULL_SWEEP = os.environ.get("PYCOMM_FULL_SWEEP") == "1"
+
+
+def import_pycomm_or_skip(command: str) -> ModuleType:
+    """pycomm, for tests that run ``command`` (a CLI). If it does not import, that is an error,
+    unless PYCOMM_ALLOW_SKIP=1 asks to skip the calling module instead."""
+    import importlib
+
+    import pytest
+
+    try:
+        return importlib.import_module("pycomm")
+    except Exception as error:  # ImportError, or a broken extension
+        if os.environ.get("PYCOMM_ALLOW_SKIP") == "1":
+            pytest.skip(f"import pycomm failed ({error!r}) and PYCOMM_ALLOW_SKIP=1", allow_module_level=True)
+        raise RuntimeError(
+            f"import pycomm failed, so `{command}` cannot run; build it "
+            "(pip install --no-build-isolation -e .) or set PYCOMM_ALLOW_SKIP=1"
+        ) from error
 
 
 def reduce_op(name: str) -> Any:

@@ -10,7 +10,6 @@ with PYCOMM_ALLOW_SKIP=1.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import os
@@ -18,23 +17,11 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from support import import_pycomm_or_skip
 
-try:
-    _pycomm: ModuleType | None = importlib.import_module("pycomm")
-    _pycomm_error: BaseException | None = None
-except Exception as exc:  # noqa: BLE001  (ImportError, or a broken extension)
-    _pycomm, _pycomm_error = None, exc
-
-if _pycomm is None:
-    if os.environ.get("PYCOMM_ALLOW_SKIP") == "1":
-        pytest.skip(f"import pycomm failed ({_pycomm_error!r}) and PYCOMM_ALLOW_SKIP=1", allow_module_level=True)
-    raise RuntimeError(
-        "import pycomm failed, so `python -m pycomm.bench` cannot run; build it "
-        "(pip install --no-build-isolation -e .) or set PYCOMM_ALLOW_SKIP=1"
-    ) from _pycomm_error
+_pycomm = import_pycomm_or_skip("python -m pycomm.bench")
 
 # Imported only now: the policy above decides what a broken pycomm means.
 from pycomm.bench import cli, data, descriptors, sizes

@@ -10,7 +10,6 @@ or a skip with PYCOMM_ALLOW_SKIP=1.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import math
@@ -23,20 +22,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from support import import_pycomm_or_skip
 
-try:
-    _pycomm: ModuleType | None = importlib.import_module("pycomm")
-    _pycomm_error: BaseException | None = None
-except Exception as exc:  # noqa: BLE001  (ImportError, or a broken extension)
-    _pycomm, _pycomm_error = None, exc
-
-if _pycomm is None:
-    if os.environ.get("PYCOMM_ALLOW_SKIP") == "1":
-        pytest.skip(f"import pycomm failed ({_pycomm_error!r}) and PYCOMM_ALLOW_SKIP=1", allow_module_level=True)
-    raise RuntimeError(
-        "import pycomm failed, so `python -m pycomm.train` cannot run; build it "
-        "(pip install --no-build-isolation -e .) or set PYCOMM_ALLOW_SKIP=1"
-    ) from _pycomm_error
+_pycomm = import_pycomm_or_skip("python -m pycomm.train")
 
 # Run the CLI from the tree pytest imported pycomm from, whatever the cwd.
 SOURCE_ROOT = Path(os.path.abspath(str(_pycomm.__file__))).parents[1]
