@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -15,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from mp import run_ranks
-from test_algorithms import core_log_to
+from test_algorithms import _ALLREDUCE_LOG, core_log_to
 
 from pycomm import tuning
 
@@ -60,7 +59,6 @@ def test_table_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 # rhd up to 16 KiB, tree up to 1 MiB, ring above: each band makes one algorithm far cheaper.
 CHEAP, DEAR = (1e-6, 1e-12), (1e-3, 1e-6)
 BANDS = [(16 * 1024, "rhd"), (1 << 20, "tree"), (-1, "ring")]
-_ALLREDUCE_LOG = re.compile(r" seq=\d+ allreduce (\d+) B (\S+) ")
 
 
 def _auto_worker(rank: int, world: int, table: str) -> list[tuple[int, str]]:

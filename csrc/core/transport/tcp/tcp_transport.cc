@@ -98,11 +98,7 @@ std::shared_ptr<Request> TcpTransport::isend(int peer, const FrameInfo& info, co
     }
     err = enqueueLocked(p, std::move(frame), done);
   }
-  for (auto& r : done) r->complete(r->capacity(), peer);
-  if (err != 0) {
-    failPeer(p, remoteError(strCat(context(), " sending to peer ", peer, " failed: ",
-                                   std::strerror(err))));
-  }
+  afterFlush(p, done, err);
   return request;
 }
 
@@ -227,8 +223,7 @@ void TcpTransport::reportFailure(uint64_t seq, const std::string& message) {
       frame.data = frame.owned.data();  // the vector's buffer moves with it
       err = enqueueLocked(p, std::move(frame), done);
     }
-    for (auto& r : done) r->complete(r->capacity(), p.rank);
-    if (err != 0) failPeer(p, remoteError(strCat(context(), " sending to peer ", p.rank, " failed: ", std::strerror(err))));
+    afterFlush(p, done, err);
   }
 }
 
@@ -524,10 +519,7 @@ void TcpTransport::moveToSharedMemory(int peer) {
     err = enqueueLocked(p, OutgoingFrame{makeHeader(FrameKind::kMoveToSharedMemory, info, 0), nullptr, 0, 0, nullptr, {}},
                         done);
   }
-  for (auto& r : done) r->complete(r->capacity(), peer);
-  if (err != 0) {
-    failPeer(p, remoteError(strCat(context(), " sending to peer ", peer, " failed: ", std::strerror(err))));
-  }
+  afterFlush(p, done, err);
 }
 
 bool TcpTransport::readSome(Peer& peer) {
@@ -742,10 +734,13 @@ void TcpTransport::handleWritable(Peer& peer) {
     err = flushLocked(peer, done);
     if ((peer.sendQueue.empty() || err != 0 || peer.writeViaRing) && peer.pollingWrite) setPollWrite(peer, false);
   }
+  afterFlush(peer, done, err);
+}
+
+void TcpTransport::afterFlush(Peer& peer, std::vector<std::shared_ptr<Request>>& done, int err) {
   for (auto& r : done) r->complete(r->capacity(), peer.rank);
   if (err != 0) {
-    failPeer(peer, remoteError(strCat(context(), " sending to peer ", peer.rank, " failed: ",
-                                      std::strerror(err))));
+    failPeer(peer, remoteError(strCat(context(), " sending to peer ", peer.rank, " failed: ", std::strerror(err))));
   }
 }
 

@@ -126,6 +126,9 @@ class TcpTransport final : public Transport {
   // Queues a frame and writes what it can at once; called with peer.sendMutex held. Returns 0 or an
   // errno; requests whose frames were fully written are appended to `done`.
   int enqueueLocked(Peer& peer, OutgoingFrame frame, std::vector<std::shared_ptr<Request>>& done);
+  // After a flush, with peer.sendMutex released: completes the sends it finished and fails the peer
+  // if the write failed (errno `err`).
+  void afterFlush(Peer& peer, std::vector<std::shared_ptr<Request>>& done, int err);
   // Writes as much of the queue as the socket takes; called with peer.sendMutex held.
   // Requests whose frames were fully written are appended to `done`; returns 0 or an errno.
   int flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done);
