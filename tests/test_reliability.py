@@ -47,6 +47,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from mp import free_port, run_ranks
+from stalling_store import stall_pycomm_store
 
 
 @pytest.fixture(autouse=True)
@@ -525,66 +526,32 @@ def test_sigkill_peer_fails_survivors_promptly(pycomm: ModuleType, pattern: str,
     assert not problems, "\n".join(problems)
 
 
-class _StallingStore(dist.Store):
-    """Delegates to the backend's store, but stalls before fetching the shared-memory segment's
-    name: the rank that created the segment then waits, segment in /dev/shm, for this one."""
-
-    def __init__(self, inner: dist.Store, stall_s: float) -> None:
-        super().__init__()
-        self.inner = inner
-        self.stall_s = stall_s
-
-    def set(self, key: str, value: Any) -> None:
-        self.inner.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(key)
-
-    def add(self, key: str, value: int) -> int:
-        return self.inner.add(key, value)
-
-    def check(self, keys: list[str]) -> bool:
-        return self.inner.check(keys)
-
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        if any(k.endswith("pycomm/shm") for k in keys):
-            time.sleep(self.stall_s)
-        if timeout is None:
-            self.inner.wait(keys)
-        else:
-            self.inner.wait(keys, timeout)
+def _stall_last_rank_before_segment(rank: int) -> None:
+    _stall_last_rank(rank, "pycomm/shm")
 
 
-_KEEP_ALIVE: list[Any] = []
+def _stall_last_rank_before_host_list(rank: int) -> None:
+    _stall_last_rank(rank, "pycomm/host/0")
 
 
-def _stall_last_rank_before_shm(rank: int) -> None:
+def _stall_last_rank(rank: int, stall_key: str) -> None:
     """Runs before init_process_group on every rank; the last rank (world 2: rank 1) stalls."""
-    if rank != 1:
-        return
-    plugin = dist.Backend._plugins["PYCOMM"]
-    create = plugin.creator_fn
-
-    def stalling_create(dist_options: Any, pg_options: Any) -> Any:
-        store = _StallingStore(dist_options.store, stall_s=6.0)
-        # A Python store must outlive the C++ side's use of it: pybind11 finds the overrides
-        # through the Python object ("Not implemented" otherwise).
-        _KEEP_ALIVE.append(store)
-        dist_options.store = store
-        return create(dist_options, pg_options)
-
-    dist.Backend._plugins["PYCOMM"] = plugin._replace(creator_fn=stalling_create)
+    if rank == 1:
+        stall_pycomm_store(stall_key, stall_s=6.0)
 
 
 def _never_reached_worker(rank: int, world: int, ctl: _Control) -> None:
     ctl.event("formed")
 
 
+@pytest.mark.parametrize("stall", ["before_segment", "before_host_list"])
 @pytest.mark.parametrize("victim", ["creator", "joiner"])
 def test_sigkill_during_shared_memory_setup_leaves_nothing_in_dev_shm(
-    pycomm: ModuleType, victim: str
+    pycomm: ModuleType, victim: str, stall: str
 ) -> None:
-    """Rank 0 creates the segment and waits for rank 1 to map it; one of them is killed then."""
+    """Rank 0 creates the segment and waits for rank 1 to map it; one of them is killed then.
+    Rank 1 is held either just before opening the segment or before it has read the host list
+    (when the creator's death, store and all, leaves it unable to learn its host index)."""
     shm_before = _shm_pycomm_files()
     with _Cluster(
         _never_reached_worker,
@@ -592,7 +559,7 @@ def test_sigkill_during_shared_memory_setup_leaves_nothing_in_dev_shm(
         env={"PYCOMM_TRANSPORT": "auto"},
         pg_timeout_s=DEAD_PEER_PG_TIMEOUT_S,
         hang_timeout_s=90,
-        before_init=_stall_last_rank_before_shm,
+        before_init=_stall_last_rank_before_segment if stall == "before_segment" else _stall_last_rank_before_host_list,
     ) as c:
         deadline = time.monotonic() + 60
         while not (_shm_pycomm_files() - shm_before):
@@ -611,7 +578,7 @@ def test_sigkill_during_shared_memory_setup_leaves_nothing_in_dev_shm(
         with contextlib.suppress(OSError):
             os.unlink(path)
     _report(
-        f"SIGKILL of the {victim} during shared-memory setup: segment {sorted(segment)}; survivor "
+        f"SIGKILL of the {victim} during shared-memory setup (joiner held {stall}): segment {sorted(segment)}; survivor "
         f"exited with {code} after {waited:.1f}s; left in /dev/shm: {sorted(leaked)}"
     )
     assert code is not None, f"the survivor (rank {survivor}) did not exit:\n{log[-3000:]}"

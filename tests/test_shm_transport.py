@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from mp import run_ranks
 from reference import check_equal, check_reduced, input_for
+from stalling_store import stall_pycomm_store
 from support import Failures, assert_no_failures
 
 TIMEOUT_S = 120
@@ -188,6 +189,10 @@ def _forced_shm(rank: int, world: int, split_hosts: bool) -> dict[str, Any]:
 
     if split_hosts:
         os.environ["PYCOMM_HOST_ID"] = f"host{rank % 2}"
+        if rank == world - 1:
+            # Rank 0 (whose process holds the store) reads the host list and raises first; the
+            # others must still get the clear error, not a lost store connection.
+            stall_pycomm_store("pycomm/host/0", stall_s=2.0)
     try:
         group = dist.new_group(backend="pycomm", pg_options=pycomm.Options(transport="shm"))
     except Exception as error:  # noqa: BLE001 - the error itself is the result

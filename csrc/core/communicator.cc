@@ -88,6 +88,25 @@ Communicator::~Communicator() { shutdown(); }
 void Communicator::setupSharedMemory(Store& store) {
   const std::string mine = config_.hostId;
   if (mine.empty()) return;
+  // A host's segment is named after the group's random token, so any rank can remove it. The token
+  // is read before this rank publishes its host id: no segment exists before every host id is
+  // published, so whenever one may exist this rank knows its name, even once the store is gone.
+  const auto token = store.get("pycomm/token", timeout());
+  std::string tokenHex;
+  for (size_t i = 0; i < std::min<size_t>(token.size(), 12); ++i) tokenHex += strCat(std::hex, (token[i] >> 4) & 0xf, token[i] & 0xf);
+  auto segmentName = [&](int hostIndex) { return strCat("/pycomm-", tokenHex, "-", hostIndex); };
+  try {
+    formSharedMemoryGroups(store, segmentName);
+  } catch (...) {
+    // A creator that died (store and all) after creating its segment leaves it to us; a rank that
+    // failed before it knew its host index does not know which name is ours, so it removes them all.
+    for (int hostIndex = 0; hostIndex < size(); ++hostIndex) transport::shm::Segment::unlinkName(segmentName(hostIndex));
+    throw;
+  }
+}
+
+void Communicator::formSharedMemoryGroups(Store& store, const std::function<std::string(int)>& segmentName) {
+  const std::string mine = config_.hostId;
   store.set(strCat("pycomm/host/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> hosts(size());
   for (int q = 0; q < size(); ++q) {
@@ -101,11 +120,21 @@ void Communicator::setupSharedMemory(Store& store) {
     if (members.count(hosts[q]) == 0) order.push_back(hosts[q]);
     members[hosts[q]].push_back(q);
   }
-  // Every rank sees the same host list, so all of them raise here, none waits for the others.
-  PYCOMM_CHECK(config_.transport != TransportKind::kShm || order.size() == 1, InvalidUsageError, prefix(),
-               " transport=shm needs every rank on one host, but this group spans ", order.size(),
-               " hosts (host id of rank 0: '", hosts[0], "', of this rank: '", mine,
-               "'); use transport=auto for shared memory inside hosts and TCP across them");
+  if (config_.transport == TransportKind::kShm && order.size() != 1) {
+    // Every rank sees the same host list and raises the same error. The store usually lives in rank
+    // 0's process, so no rank raises before all have read the list: a rank that left early would
+    // turn the others' clear error into a lost store connection. A failure of this wait is only
+    // logged, since this rank already knows its error.
+    store.set(strCat("pycomm/host_read/", rank()), {1});
+    try {
+      for (int q = 0; q < size(); ++q) store.get(strCat("pycomm/host_read/", q), timeout());
+    } catch (const std::exception& error) {
+      logger_.log(LogLevel::kWarn, strCat("waiting for the other ranks to read the host list: ", error.what()));
+    }
+    throw InvalidUsageError(strCat(prefix(), " transport=shm needs every rank on one host, but this group spans ",
+                                   order.size(), " hosts (host id of rank 0: '", hosts[0], "', of this rank: '", mine,
+                                   "'); use transport=auto for shared memory inside hosts and TCP across them"));
+  }
   const auto& local = members[mine];
   const int localRank = static_cast<int>(std::find(local.begin(), local.end(), rank()) - local.begin());
   const int hostIndex = static_cast<int>(std::find(order.begin(), order.end(), mine) - order.begin());
@@ -114,17 +143,13 @@ void Communicator::setupSharedMemory(Store& store) {
   if (order.size() > 1 && (!uniform || local.size() < 2)) return;  // plain TCP serves best
 
   // Every rank runs exactly one barrier below, so sequence numbers stay equal across the group.
-  // The segment's name derives from the group's random token, so any rank can remove it.
-  const auto token = store.get("pycomm/token", timeout());
-  std::string tokenHex;
-  for (size_t i = 0; i < std::min<size_t>(token.size(), 12); ++i) tokenHex += strCat(std::hex, (token[i] >> 4) & 0xf, token[i] & 0xf);
   // `members` maps a host group rank to its rank in this group. Every rank attaches its rings before
   // the barrier and moves its connections onto them after it, so a peer that reads a move frame
   // has its rings already.
   auto makeGroup = [&](int groupRank, int groupSize, const std::string& key, transport::Transport& barrierOver,
                        const std::vector<int>& groupMembers) {
     auto group = std::make_unique<algorithms::ShmGroup>(
-        groupRank, groupSize, config_.shmSlotBytes, config_.shmRingBytes, strCat("/pycomm-", tokenHex, "-", hostIndex),
+        groupRank, groupSize, config_.shmSlotBytes, config_.shmRingBytes, segmentName(hostIndex),
         [&] { store.set(key, {1}); },
         [&] { store.get(key, timeout()); },
         [&](const algorithms::ShmGroup& g) {

@@ -113,6 +113,8 @@ class Communicator {
   template <typename Body>
   bool runShm(transport::OpSignature signature, const char* algorithm, Body body);
   void setupSharedMemory(Store& store);
+  // The body of setupSharedMemory; `segmentName(i)` names host i's segment.
+  void formSharedMemoryGroups(Store& store, const std::function<std::string(int)>& segmentName);
   void hierarchicalAllreduce(algorithms::Op& o, uint8_t* data, size_t count, DataType dtype, ReduceOp op,
                              Algorithm algorithm);
   uint8_t* scratch(size_t bytes);
