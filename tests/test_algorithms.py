@@ -34,7 +34,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from mp import run_ranks
-from reference import check_reduced, input_for, ops_for, reduced_checker
+from reference import check_equal, check_reduced, input_for, ops_for, reduced_checker
 from support import Failures, assert_no_failures, dtype_feature, reduce_op
 
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "rhd")
@@ -381,3 +381,82 @@ def world_worker(rank: int, world: int) -> tuple[list[str], int]:
 def test_algorithms_world(pycomm: ModuleType, world: int) -> None:
     results = run_ranks(world_worker, world, backend="pycomm", timeout_s=240)
     assert_no_failures(results)
+
+
+# ---------------------------------------------------------------------------------------------
+# Coalesced all-reduce of views: packed into and scattered from a staging bucket
+
+def coalesced_views_worker(rank: int, world: int) -> tuple[list[str], int]:
+    """bucketed_all_reduce of contiguous tensors mixed with a transposed view, a view at a storage
+    offset and a strided view with gaps, all in one float32 bucket: every view's elements reduced,
+    the elements around them untouched."""
+    import pycomm
+
+    f = Failures(rank)
+    bases = {
+        name: [input_for(70_000 + k, r, shape, torch.float32, "sum") for r in range(world)]
+        for k, (name, shape) in enumerate((("plain", (1009,)), ("transposed", (5, 7)), ("offset", (40,)),
+                                           ("strided", (6, 8)), ("empty", (0,)), ("last", (3,))))
+    }
+    mine = {name: b[rank].clone() for name, b in bases.items()}
+    views = {
+        "plain": lambda t: t,
+        "transposed": lambda t: t.t(),
+        "offset": lambda t: t[11:30],
+        "strided": lambda t: t[1::2, ::3],
+        "empty": lambda t: t,
+        "last": lambda t: t,
+    }
+    with f.guard("bucketed_all_reduce of views"):
+        pycomm.bucketed_all_reduce([views[name](t) for name, t in mine.items()])
+    for name, view in views.items():
+        f.check(f"{name}: the view reduced", check_reduced(view(mine[name]), [view(b) for b in bases[name]], "sum"))
+        outside = torch.ones_like(mine[name], dtype=torch.bool)
+        view(outside).fill_(False)
+        f.check(f"{name}: outside the view untouched", check_equal(mine[name][outside], bases[name][rank][outside]))
+    return f.result()
+
+
+def coalesced_pieces_worker(rank: int, world: int) -> tuple[list[str], int]:
+    """Buckets that shared memory all-reduces in place, tensor by tensor: a short one (every rank
+    reduces everything), one where rank 0's slice lies inside one tensor and the others' span
+    several, one of several 1 MiB chunks whose boundaries fall inside tensors; and buckets that must
+    be packed first: the same tensor twice, overlapping views of one."""
+    import pycomm
+
+    f = Failures(rank)
+    cases = {
+        "short": ((1, 17, 0, 300, 2), torch.float32, "sum"),
+        "one slice in one tensor": ((200_000, 3), torch.int32, "sum"),
+        "chunks across tensors": ((70_001, 5, 300_007, 1, 90_000), torch.float64, "max"),
+    }
+    for k, (name, (sizes, dtype, op)) in enumerate(cases.items()):
+        inputs = [[input_for(80_000 + 10 * k + j, r, (n,), dtype, op) for j, n in enumerate(sizes)]
+                  for r in range(world)]
+        mine = [t.clone() for t in inputs[rank]]
+        with f.guard(name):
+            pycomm.bucketed_all_reduce(mine, op=reduce_op(op))
+            for j, t in enumerate(mine):
+                f.check(f"{name}: tensor {j}", check_reduced(t, [inputs[r][j] for r in range(world)], op))
+    bases = [input_for(80_100, r, (40,), torch.int64, "sum") for r in range(world)]
+    with f.guard("the same tensor twice"):
+        t = bases[rank].clone()
+        pycomm.bucketed_all_reduce([t, t])
+        f.check("the same tensor twice", check_reduced(t, bases, "sum"))
+    with f.guard("overlapping views"):
+        t = bases[rank].clone()
+        pycomm.bucketed_all_reduce([t[0:25], t[10:40]])
+        f.check("overlapping views", check_reduced(t, bases, "sum"))
+    return f.result()
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_coalesced_in_pieces(pycomm: ModuleType, transport: str) -> None:
+    assert_no_failures(run_ranks(coalesced_pieces_worker, 3, backend="pycomm", timeout_s=120,
+                                 pg_options=pycomm.Options(transport=transport)))
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_coalesced_views(pycomm: ModuleType, transport: str) -> None:
+    assert_no_failures(run_ranks(coalesced_views_worker, 3, backend="pycomm", timeout_s=120,
+                                 pg_options=pycomm.Options(transport=transport)))

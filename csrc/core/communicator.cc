@@ -358,6 +358,15 @@ std::map<std::string, Communicator::OpStats> Communicator::stats() const {
 // ---------------------------------------------------------------------------------------------
 // Collectives
 
+bool Communicator::allreducePieces(const BufferList& pieces, DataType dtype, ReduceOp op) {
+  PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " allreduce: op ",
+               reduceOpName(op), " is not defined for ", dtypeName(dtype));
+  const size_t count = pieces.bytes() / elementSize(dtype);
+  const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
+  return runShm(signature, pieces.bytes() <= algorithms::ShmGroup::kShortAllreduceBytes ? "shm-all" : "shm-slices",
+                [&](const algorithms::ShmWait& w) { shm_->allreduce(pieces, count, dtype, op, signature, w); });
+}
+
 void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " allreduce: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "buffer_list.h"
 #include "codecs/block_codec.h"
 #include "config.h"
 #include "dtype.h"
@@ -68,6 +69,10 @@ class Communicator {
 
   // Collectives. Blocking; call them from an enqueued task so every rank runs them in one order.
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op);
+  // All-reduces a buffer in pieces (a bucket of tensors) without packing it, when this group's
+  // ranks share one host's memory; returns false, having done nothing, when they do not (then the
+  // caller packs the pieces and calls allreduce).
+  bool allreducePieces(const BufferList& pieces, DataType dtype, ReduceOp op);
   void broadcast(void* data, size_t count, DataType dtype, int root);
   // The reduction lands in `data` at `root`; other ranks' `data` is left unchanged.
   void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root);

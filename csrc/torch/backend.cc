@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <optional>
 
@@ -154,11 +155,31 @@ at::Tensor preScaled(const at::Tensor& t, const ReduceSpec& spec, bool inPlace) 
 
 c10::TypePtr tensorListType() { return c10::ListType::create(c10::TensorType::get()); }
 
-// Copies a flat buffer into a list of tensors laid out one after another.
-void scatterInto(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
+// Copies `tensors` end to end into `flat` (their total size). memcpy for contiguous ones: a
+// dispatched copy_ per tensor costs microseconds, which a thousand small gradients add up.
+void packInto(const std::vector<at::Tensor>& tensors, const at::Tensor& flat) {
+  auto* out = static_cast<uint8_t*>(flat.data_ptr());
   int64_t offset = 0;
   for (const auto& t : tensors) {
-    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    if (t.is_contiguous() && t.scalar_type() == flat.scalar_type()) {
+      if (t.numel() > 0) std::memcpy(out + offset * t.element_size(), t.data_ptr(), t.nbytes());
+    } else {
+      flat.narrow(0, offset, t.numel()).view(t.sizes()).copy_(t);
+    }
+    offset += t.numel();
+  }
+}
+
+// The inverse of packInto: `flat` (contiguous) into tensors laid out one after another.
+void scatterInto(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
+  const auto* in = static_cast<const uint8_t*>(flat.data_ptr());
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    if (t.is_contiguous() && t.scalar_type() == flat.scalar_type()) {
+      if (t.numel() > 0) std::memcpy(t.data_ptr(), in + offset * t.element_size(), t.nbytes());
+    } else {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    }
     offset += t.numel();
   }
 }
@@ -313,6 +334,35 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
   });
 }
 
+bool PycommBackend::allreducePiecesNow(const std::vector<at::Tensor>& bucket, const ::c10d::ReduceOp& op) {
+  Validator v(rank_, size_, "allreduce_coalesced");
+  // Scaled ops (AVG, PREMUL_SUM) and compression need the bucket in one piece.
+  if (compressionFor(bucket[0], &op)) return false;
+  const ReduceSpec spec = v.reduceOp(op, bucket[0]);
+  if (spec.preScale || spec.average) return false;
+  std::vector<BufferList::Piece> pieces;
+  pieces.reserve(bucket.size());
+  for (const auto& t : bucket) {
+    if (!t.is_contiguous()) return false;
+    if (t.nbytes() > 0) pieces.push_back({static_cast<uint8_t*>(t.data_ptr()), t.nbytes()});
+  }
+  // Tensors that share memory (the same one twice, overlapping views) would read results written
+  // for an earlier chunk; packing snapshots them first.
+  auto byAddress = pieces;
+  std::sort(byAddress.begin(), byAddress.end(), [](const auto& a, const auto& b) { return a.data < b.data; });
+  for (size_t i = 1; i < byAddress.size(); ++i) {
+    if (byAddress[i - 1].data + byAddress[i - 1].bytes > byAddress[i].data) return false;
+  }
+  return comm_->allreducePieces(BufferList(pieces), v.reducible(bucket[0]), spec.op);
+}
+
+at::Tensor PycommBackend::bucketStaging(at::ScalarType type, size_t nbytes) {
+  at::Tensor& staging = bucketStaging_[type];
+  const int64_t numel = static_cast<int64_t>(nbytes / c10::elementSize(type));
+  if (!staging.defined() || staging.numel() < numel) staging = at::empty({numel}, at::TensorOptions().dtype(type));
+  return staging.narrow(0, 0, numel);
+}
+
 void PycommBackend::allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op) {
   Validator v(rank_, size_, "allreduce");
   if (auto codec = compressionFor(tensor, &op)) {
@@ -358,9 +408,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
                   auto flush = [&](at::ScalarType type) {
                     auto& bucket = open[type];
                     if (bucket.empty()) return;
-                    at::Tensor flat = bucket.size() == 1 ? bucket[0].reshape({-1}).contiguous() : flatten(bucket);
-                    allreduceNow(flat, op);
-                    scatterInto(flat, bucket);
+                    if (bucket.size() == 1) {
+                      allreduceNow(bucket[0], op);
+                    } else if (!allreducePiecesNow(bucket, op)) {
+                      at::Tensor flat = bucketStaging(type, openBytes[type]);
+                      packInto(bucket, flat);
+                      allreduceNow(flat, op);
+                      scatterInto(flat, bucket);
+                    }
                     bucket.clear();
                     openBytes[type] = 0;
                   };

@@ -96,6 +96,13 @@ class PycommBackend final : public ::c10d::Backend {
                                               std::function<void()> body);
   void enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body, bool inlineOk = false);
   void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
+  // A coalesced bucket of one dtype all-reduced in place, unpacked, when the group's ranks share
+  // memory and the op needs no scaling; false (nothing done) otherwise.
+  bool allreducePiecesNow(const std::vector<at::Tensor>& bucket, const ::c10d::ReduceOp& op);
+  // A flat tensor of `nbytes` for a coalesced bucket of `type`: kept for the group's life (at most
+  // bucket_bytes per dtype), so a bucket's copies do not fault in fresh pages every call. Used by
+  // tasks only, which run one at a time.
+  at::Tensor bucketStaging(at::ScalarType type, size_t nbytes);
   // The group's codec if `t` and `op` qualify for compression (fp32, SUM or AVG).
   std::optional<codecs::Codec> compressionFor(const at::Tensor& t, const ::c10d::ReduceOp* op) const;
 
@@ -103,6 +110,7 @@ class PycommBackend final : public ::c10d::Backend {
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<::c10d::Work>> coalesced_;
+  std::map<at::ScalarType, at::Tensor> bucketStaging_;
 };
 
 }  // namespace pycomm::torch_adapter

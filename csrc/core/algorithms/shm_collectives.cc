@@ -105,41 +105,48 @@ void ShmGroup::finish(uint32_t epoch) { transport::shm::publish(control(rank_).c
 
 void ShmGroup::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig,
                          const ShmWait& wait) {
+  allreduce(BufferList::single(data, count * elementSize(dtype)), count, dtype, op, sig, wait);
+}
+
+void ShmGroup::allreduce(const BufferList& data, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig,
+                         const ShmWait& wait) {
   const size_t esize = elementSize(dtype);
   const size_t chunkElems = std::max<size_t>(1, slotBytes_ / esize);
   const size_t chunks = std::max<size_t>(1, (count + chunkElems - 1) / chunkElems);
   const bool shortMessage = count * esize <= kShortAllreduceBytes;
-  auto* bytes = static_cast<uint8_t*>(data);
   std::vector<const void*> sources(size_);
   for (size_t k = 0; k < chunks; ++k) {
     const size_t offset = k * chunkElems;
     const size_t n = std::min(chunkElems, count - std::min(count, offset));
-    uint8_t* mine = bytes + offset * esize;
+    const size_t at = offset * esize;  // this chunk's first byte in `data`
     const uint32_t e = begin(sig, wait);
     Segments slices(n, size_);
-    if (shortMessage) {
-      if (n > 0) std::memcpy(input(rank_, e), mine, n * esize);
+    const size_t so = slices.offset(rank_) * esize, sl = slices.length(rank_) * esize;
+    // This rank's slice, read in place when it lies inside one piece of `data`.
+    const uint8_t* own = shortMessage ? nullptr : data.contiguous(at + so, sl);
+    if (own == nullptr) {
+      data.copyOut(at, n * esize, input(rank_, e));
     } else {
-      // Only the slices other ranks reduce: this rank reads its own slice from its buffer.
-      const size_t before = slices.offset(rank_) * esize;
-      const size_t after = slices.offset(rank_ + 1) * esize;
-      if (before > 0) std::memcpy(input(rank_, e), mine, before);
-      if (n * esize > after) std::memcpy(input(rank_, e) + after, mine + after, n * esize - after);
+      // Only the slices other ranks reduce.
+      data.copyOut(at, so, input(rank_, e));
+      data.copyOut(at + so + sl, n * esize - so - sl, input(rank_, e) + so + sl);
     }
     arrive(e, wait);
     if (shortMessage) {
-      // Every rank reduces all inputs in rank order: identical bits everywhere, one sync.
+      // Every rank reduces all inputs in rank order: identical bits everywhere, one sync. Straight
+      // into `data` when the chunk is one piece, else through this rank's result slot.
       for (int q = 0; q < size_; ++q) sources[q] = input(q, e);
-      codecs::reduceMany(mine, sources.data(), size_, n, dtype, op);
+      uint8_t* mine = data.contiguous(at, n * esize);
+      codecs::reduceMany(mine != nullptr ? mine : result(rank_, e), sources.data(), size_, n, dtype, op);
+      if (mine == nullptr) data.copyIn(at, n * esize, result(rank_, e));
     } else {
-      const size_t so = slices.offset(rank_) * esize;
-      for (int q = 0; q < size_; ++q) sources[q] = q == rank_ ? mine + so : input(q, e) + so;
+      for (int q = 0; q < size_; ++q) sources[q] = q == rank_ && own != nullptr ? own : input(q, e) + so;
       codecs::reduceMany(result(rank_, e) + so, sources.data(), size_, slices.length(rank_), dtype, op);
       transport::shm::publish(control(rank_).reduced, e);
       waitAll(Flag::kReduced, e, wait, "reduced slices");
       for (int q = 0; q < size_; ++q) {
         const size_t qo = slices.offset(q) * esize;
-        std::memcpy(mine + qo, result(q, e) + qo, slices.length(q) * esize);
+        data.copyIn(at + qo, slices.length(q) * esize, result(q, e) + qo);
       }
     }
     finish(e);

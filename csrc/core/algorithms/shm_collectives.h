@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../buffer_list.h"
 #include "../dtype.h"
 #include "../transport/frame.h"
 #include "../transport/request.h"
@@ -56,6 +57,9 @@ class ShmGroup {
   std::shared_ptr<void> memory() const { return segment_; }
 
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig, const ShmWait& wait);
+  // The same over a buffer in pieces (`count` elements in all), with no packing copy.
+  void allreduce(const BufferList& data, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig,
+                 const ShmWait& wait);
   void broadcast(void* data, size_t nbytes, int root, const OpSignature& sig, const ShmWait& wait);
   void allgather(const void* in, void* out, size_t nbytes, const OpSignature& sig, const ShmWait& wait);
   void reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig,
