@@ -417,14 +417,33 @@ def coalesced_views_worker(rank: int, world: int) -> tuple[list[str], int]:
     return f.result()
 
 
-def coalesced_pieces_worker(rank: int, world: int) -> tuple[list[str], int]:
+def coalesced_pieces_worker(rank: int, world: int, transport: str) -> tuple[list[str], int]:
+    """coalesced_pieces_cases, with the core's log telling which buckets ran in place: over shared
+    memory all but the last two, over TCP none."""
+    f = Failures(rank)
+    fd, log_path = tempfile.mkstemp(prefix=f"pycomm-pieces-rank{rank}-", suffix=".log")
+    os.close(fd)
+    try:
+        with core_log_to(log_path):
+            coalesced_pieces_cases(f, rank, world)
+        with open(log_path) as log:
+            ran = [m.group(2) for line in log if (m := _ALLREDUCE_LOG.search(line))]
+    finally:
+        os.unlink(log_path)
+    in_place = [name.endswith("-in-place") for name in ran]
+    expected = [True] * 4 + [False] * 2 if transport == "auto" else [False] * 6
+    f.check("buckets run in place", None if in_place == expected else f"logged {ran}")
+    return f.result()
+
+
+def coalesced_pieces_cases(f: Failures, rank: int, world: int) -> None:
     """Buckets that shared memory all-reduces in place, tensor by tensor: a short one (every rank
-    reduces everything), one where rank 0's slice lies inside one tensor and the others' span
-    several, one of several 1 MiB chunks whose boundaries fall inside tensors; and buckets that must
-    be packed first: the same tensor twice, overlapping views of one."""
+    reduces everything), one where some ranks' slices lie inside one tensor and another's spans
+    two, one of several 1 MiB chunks whose boundaries fall inside tensors, contiguous views at
+    storage offsets; and buckets that must be packed first: the same tensor twice and overlapping
+    views, both larger than a 1 MiB chunk (in place, a later chunk would re-read results)."""
     import pycomm
 
-    f = Failures(rank)
     cases = {
         "short": ((1, 17, 0, 300, 2), torch.float32, "sum"),
         "one slice in one tensor": ((200_000, 3), torch.int32, "sum"),
@@ -438,22 +457,29 @@ def coalesced_pieces_worker(rank: int, world: int) -> tuple[list[str], int]:
             pycomm.bucketed_all_reduce(mine, op=reduce_op(op))
             for j, t in enumerate(mine):
                 f.check(f"{name}: tensor {j}", check_reduced(t, [inputs[r][j] for r in range(world)], op))
-    bases = [input_for(80_100, r, (40,), torch.int64, "sum") for r in range(world)]
+    bases = [input_for(80_100, r, (60,), torch.float32, "sum") for r in range(world)]
+    with f.guard("contiguous views at offsets"):
+        t = bases[rank].clone()
+        pycomm.bucketed_all_reduce([t[11:30], t[35:]])
+        f.check("contiguous views at offsets", check_reduced(t[11:30], [b[11:30] for b in bases], "sum"))
+        f.check("contiguous views at offsets", check_reduced(t[35:], [b[35:] for b in bases], "sum"))
+        f.check("outside the views untouched", check_equal(t[:11], bases[rank][:11]))
+        f.check("outside the views untouched", check_equal(t[30:35], bases[rank][30:35]))
+    bases = [input_for(80_200, r, (300_000,), torch.int64, "sum") for r in range(world)]
     with f.guard("the same tensor twice"):
         t = bases[rank].clone()
         pycomm.bucketed_all_reduce([t, t])
         f.check("the same tensor twice", check_reduced(t, bases, "sum"))
     with f.guard("overlapping views"):
         t = bases[rank].clone()
-        pycomm.bucketed_all_reduce([t[0:25], t[10:40]])
+        pycomm.bucketed_all_reduce([t[0:200_000], t[100_000:]])
         f.check("overlapping views", check_reduced(t, bases, "sum"))
-    return f.result()
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_coalesced_in_pieces(pycomm: ModuleType, transport: str) -> None:
     assert_no_failures(run_ranks(coalesced_pieces_worker, 3, backend="pycomm", timeout_s=120,
-                                 pg_options=pycomm.Options(transport=transport)))
+                                 pg_options=pycomm.Options(transport=transport, debug="INFO"), args=(transport,)))
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])

@@ -363,7 +363,8 @@ bool Communicator::allreducePieces(const BufferList& pieces, DataType dtype, Red
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
   const size_t count = pieces.bytes() / elementSize(dtype);
   const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
-  return runShm(signature, pieces.bytes() <= algorithms::ShmGroup::kShortAllreduceBytes ? "shm-all" : "shm-slices",
+  return runShm(signature,
+                pieces.bytes() <= algorithms::ShmGroup::kShortAllreduceBytes ? "shm-all-in-place" : "shm-slices-in-place",
                 [&](const algorithms::ShmWait& w) { shm_->allreduce(pieces, count, dtype, op, signature, w); });
 }
 

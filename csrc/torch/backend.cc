@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -349,7 +350,8 @@ bool PycommBackend::allreducePiecesNow(const std::vector<at::Tensor>& bucket, co
   // Tensors that share memory (the same one twice, overlapping views) would read results written
   // for an earlier chunk; packing snapshots them first.
   auto byAddress = pieces;
-  std::sort(byAddress.begin(), byAddress.end(), [](const auto& a, const auto& b) { return a.data < b.data; });
+  std::sort(byAddress.begin(), byAddress.end(),
+            [](const auto& a, const auto& b) { return std::less<const uint8_t*>()(a.data, b.data); });
   for (size_t i = 1; i < byAddress.size(); ++i) {
     if (byAddress[i - 1].data + byAddress[i - 1].bytes > byAddress[i].data) return false;
   }
@@ -357,8 +359,10 @@ bool PycommBackend::allreducePiecesNow(const std::vector<at::Tensor>& bucket, co
 }
 
 at::Tensor PycommBackend::bucketStaging(at::ScalarType type, size_t nbytes) {
-  at::Tensor& staging = bucketStaging_[type];
   const int64_t numel = static_cast<int64_t>(nbytes / c10::elementSize(type));
+  // Empty tensors do not close a bucket, so one can still outgrow bucket_bytes: not worth keeping.
+  if (nbytes > comm_->config().bucketBytes) return at::empty({numel}, at::TensorOptions().dtype(type));
+  at::Tensor& staging = bucketStaging_[type];
   if (!staging.defined() || staging.numel() < numel) staging = at::empty({numel}, at::TensorOptions().dtype(type));
   return staging.narrow(0, 0, numel);
 }
