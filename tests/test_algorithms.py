@@ -431,7 +431,7 @@ def coalesced_pieces_worker(rank: int, world: int, transport: str) -> tuple[list
     finally:
         os.unlink(log_path)
     in_place = [name.endswith("-in-place") for name in ran]
-    expected = [True] * 4 + [False] * 2 if transport == "auto" else [False] * 6
+    expected = [True] * 7 + [False] * 2 if transport == "auto" else [False] * 9
     f.check("buckets run in place", None if in_place == expected else f"logged {ran}")
     return f.result()
 
@@ -448,6 +448,9 @@ def coalesced_pieces_cases(f: Failures, rank: int, world: int) -> None:
         "short": ((1, 17, 0, 300, 2), torch.float32, "sum"),
         "one slice in one tensor": ((200_000, 3), torch.int32, "sum"),
         "chunks across tensors": ((70_001, 5, 300_007, 1, 90_000), torch.float64, "max"),
+        "avg": ((3, 100_003, 2), torch.float32, "avg"),
+        "premul_sum": ((5, 70_001, 0, 9), torch.float64, "premul_sum"),
+        "avg, short": ((7, 11), torch.bfloat16, "avg"),
     }
     for k, (name, (sizes, dtype, op)) in enumerate(cases.items()):
         inputs = [[input_for(80_000 + 10 * k + j, r, (n,), dtype, op) for j, n in enumerate(sizes)]

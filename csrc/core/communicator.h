@@ -73,6 +73,8 @@ class Communicator {
   // ranks share one host's memory; returns false, having done nothing, when they do not (then the
   // caller packs the pieces and calls allreduce).
   bool allreducePieces(const BufferList& pieces, DataType dtype, ReduceOp op);
+  // Whether allreducePieces runs now. Worker thread (tasks) only, like the ops.
+  bool allreducesInSharedMemory() const { return shm_ && !shmBroken_; }
   void broadcast(void* data, size_t count, DataType dtype, int root);
   // The reduction lands in `data` at `root`; other ranks' `data` is left unchanged.
   void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root);

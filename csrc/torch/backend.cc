@@ -337,10 +337,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
 
 bool PycommBackend::allreducePiecesNow(const std::vector<at::Tensor>& bucket, const ::c10d::ReduceOp& op) {
   Validator v(rank_, size_, "allreduce_coalesced");
-  // Scaled ops (AVG, PREMUL_SUM) and compression need the bucket in one piece.
-  if (compressionFor(bucket[0], &op)) return false;
+  if (!comm_->allreducesInSharedMemory() || compressionFor(bucket[0], &op)) return false;
   const ReduceSpec spec = v.reduceOp(op, bucket[0]);
-  if (spec.preScale || spec.average) return false;
   std::vector<BufferList::Piece> pieces;
   pieces.reserve(bucket.size());
   for (const auto& t : bucket) {
@@ -355,7 +353,16 @@ bool PycommBackend::allreducePiecesNow(const std::vector<at::Tensor>& bucket, co
   for (size_t i = 1; i < byAddress.size(); ++i) {
     if (byAddress[i - 1].data + byAddress[i - 1].bytes > byAddress[i].data) return false;
   }
-  return comm_->allreducePieces(BufferList(pieces), v.reducible(bucket[0]), spec.op);
+  const DataType dtype = v.reducible(bucket[0]);
+  // The tensors are the buffer, so PREMUL_SUM scales them in place; this happens only once the
+  // bucket is certain to run here (the packed path would scale its copy a second time).
+  for (const auto& t : bucket) preScaled(t, spec, true);
+  const bool ran = comm_->allreducePieces(BufferList(pieces), dtype, spec.op);
+  TORCH_INTERNAL_ASSERT(ran, v.where(), "shared memory declined a bucket it had accepted");
+  if (spec.average) {
+    for (const auto& t : bucket) applyAverage(t, size_);
+  }
+  return true;
 }
 
 at::Tensor PycommBackend::bucketStaging(at::ScalarType type, size_t nbytes) {

@@ -97,7 +97,7 @@ class PycommBackend final : public ::c10d::Backend {
   void enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body, bool inlineOk = false);
   void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
   // A coalesced bucket of one dtype all-reduced in place, unpacked, when the group's ranks share
-  // memory and the op needs no scaling; false (nothing done) otherwise.
+  // memory; false (nothing done) otherwise.
   bool allreducePiecesNow(const std::vector<at::Tensor>& bucket, const ::c10d::ReduceOp& op);
   // A flat tensor of `nbytes` for a coalesced bucket of `type`: kept for the group's life (at most
   // bucket_bytes per dtype), so a bucket's copies do not fault in fresh pages every call. Used by
