@@ -384,7 +384,7 @@ def test_algorithms_world(pycomm: ModuleType, world: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Coalesced all-reduce of views: packed into and scattered from a staging bucket
+# Coalesced all-reduce: buckets in place over shared memory, packed into a staging tensor otherwise
 
 def coalesced_views_worker(rank: int, world: int) -> tuple[list[str], int]:
     """bucketed_all_reduce of contiguous tensors mixed with a transposed view, a view at a storage
