@@ -235,11 +235,15 @@ void Communicator::runOrEnqueue(std::function<void()> task) {
   } catch (const std::exception& e) {
     logger_.warn(strCat("an inline task threw: ", e.what()));
   }
+  bool queued;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     running_ = false;
+    queued = !queue_.empty();
   }
-  queueCv_.notify_one();
+  // Wake the worker only for tasks queued behind this one: an idle worker woken for nothing costs a
+  // context switch per op, a large share of a small op when ranks outnumber cores.
+  if (queued) queueCv_.notify_one();
   idleCv_.notify_all();
 }
 
