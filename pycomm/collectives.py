@@ -81,5 +81,7 @@ def stats(group: dist.ProcessGroup | None = None) -> dict[str, dict[str, float]]
     """Per op and codec ("allreduce", "allreduce/fp16", "send", ...): calls, bytes_sent,
     bytes_received and seconds since the group was created, on this rank. "transport/socket" and
     "transport/shm_ring" count the frame bytes this rank sent through sockets and through
-    shared-memory rings."""
+    shared-memory rings, and "transport/socket" also those it received from sockets;
+    "transport/socket_by_waiter" counts the received ones that the thread waiting for them read
+    itself (short receives), rather than the transport's event loop."""
     return dict(_backend(group).stats())

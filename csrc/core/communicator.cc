@@ -355,7 +355,10 @@ std::map<std::string, Communicator::OpStats> Communicator::stats() const {
   }
   // Frame bytes (headers included) by the path they took; shared-memory collectives add to neither.
   out["transport/socket"].bytesSent = tcp_->socketBytesSent();
+  out["transport/socket"].bytesReceived = tcp_->socketBytesReceived();
   out["transport/shm_ring"].bytesSent = tcp_->ringBytesSent();
+  // Of the socket bytes received, those the op's own thread read while it waited.
+  out["transport/socket_by_waiter"].bytesReceived = tcp_->callerBytesReceived();
   return out;
 }
 
@@ -662,7 +665,7 @@ std::shared_ptr<Request> Communicator::recv(void* data, size_t nbytes, int peer,
 void Communicator::waitPointToPoint(const std::shared_ptr<Request>& request, const std::string& what) {
   const auto deadline = Clock::now() + timeout();
   try {
-    request->wait(deadline, strCat(prefix(), " ", what));
+    transport_->wait(request, deadline, strCat(prefix(), " ", what));
   } catch (const TimeoutError& e) {
     transport_->cancel(request, Clock::now() + std::chrono::seconds(5));
     throw TimeoutError(strCat(e.what(), " after ", timeout().count(), " ms"));

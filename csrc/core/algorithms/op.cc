@@ -36,7 +36,7 @@ std::shared_ptr<Request> Op::recv(int peer, uint32_t slot, void* data, size_t nb
 
 void Op::wait(const std::shared_ptr<Request>& request) {
   try {
-    request->wait(deadline_, context_);
+    transport_.wait(request, deadline_, context_);
   } catch (const TimeoutError& e) {
     throw TimeoutError(strCat(e.what(), " after ", timeout_.count(), " ms"));
   }

@@ -1,5 +1,8 @@
 #include "request.h"
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <thread>
 
 #include "../error.h"
@@ -55,12 +58,24 @@ void Request::fail(std::exception_ptr error) {
   finish(kFailed);
 }
 
+bool Request::setWakeFd(int fd) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (fd >= 0 && state_.load() != kPending) return false;
+  wakeFd_ = fd;
+  return true;
+}
+
 void Request::finish(int state) {
   std::function<void()> callback;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     state_.store(state, std::memory_order_release);
     callback = std::move(callback_);
+    // Under the lock, so a waiter that cleared the fd can reuse or close it.
+    if (wakeFd_ >= 0) {
+      const uint64_t one = 1;
+      (void)!::write(wakeFd_, &one, sizeof one);
+    }
   }
   cv_.notify_all();
   if (callback) callback();

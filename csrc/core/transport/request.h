@@ -34,6 +34,11 @@ class Request {
   // Runs `callback` once the request is done (at once if it already is), on the completing thread.
   void onDone(std::function<void()> callback);
 
+  // While set, completing the request also writes to eventfd `fd`, so a thread about to wait in
+  // poll() on the request's socket learns that another thread finished it. Returns false, setting
+  // nothing, if the request is already done. -1 clears it; once cleared, the fd is never touched.
+  bool setWakeFd(int fd);
+
   std::exception_ptr error() const;
   Direction direction() const { return direction_; }
   // For a receive from any peer, the peer that matched; otherwise the peer it was posted for.
@@ -65,6 +70,7 @@ class Request {
   std::condition_variable cv_;
   std::exception_ptr error_;
   std::function<void()> callback_;
+  int wakeFd_ = -1;
 };
 
 }  // namespace pycomm::transport

@@ -24,6 +24,9 @@ class SubsetTransport final : public Transport {
   std::shared_ptr<Request> irecv(int peer, const FrameInfo& info, void* data, size_t nbytes) override {
     return base_.irecv(peer == kAnyPeer ? kAnyPeer : members_.at(peer), info, data, nbytes);
   }
+  void wait(const std::shared_ptr<Request>& request, Clock::time_point deadline, const std::string& context) override {
+    base_.wait(request, deadline, context);
+  }
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override {
     return base_.cancel(request, deadline);
   }

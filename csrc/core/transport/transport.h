@@ -35,6 +35,14 @@ class Transport {
   virtual std::shared_ptr<Request> irecv(int peer, const FrameInfo& info, void* data,
                                          size_t nbytes) = 0;
 
+  // Waits for a request this transport returned, like Request::wait (same errors and timeout). A
+  // transport may move bytes on the calling thread meanwhile, rather than hand them over from its
+  // own thread.
+  virtual void wait(const std::shared_ptr<Request>& request, Clock::time_point deadline,
+                    const std::string& context) {
+    request->wait(deadline, context);
+  }
+
   // Detaches a request that is not done, so the transport no longer touches its buffer. Returns false
   // if that was impossible before `deadline`; the transport has then been aborted.
   virtual bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) = 0;

@@ -1,5 +1,6 @@
 #include "tcp_transport.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -20,6 +21,32 @@ constexpr uint64_t kWakeupTag = ~uint64_t{0};
 constexpr uint64_t kListenerTag = ~uint64_t{0} - 1;
 constexpr size_t kMaxErrorText = 64 * 1024;
 constexpr size_t kMaxIov = 32;
+// Receives up to this size are read by the waiting thread. Longer ones stay with the loop thread,
+// which then receives the next chunk of a pipelined schedule while the caller reduces this one.
+constexpr size_t kCallerReadMaxBytes = 64 * 1024;
+// Yields, each followed by a look at the socket, before a waiting caller sleeps in poll(): a short
+// message is often a few microseconds away, and the yield lets a rank sharing this core send it.
+constexpr int kCallerReadSpins = 200;
+
+// Where unwanted bytes go. Per thread: the loop thread and waiting callers read different peers at once.
+uint8_t* discardBuffer(size_t& size) {
+  thread_local std::vector<uint8_t> buffer(256 * 1024);
+  size = buffer.size();
+  return buffer.data();
+}
+
+// Set while this thread handles input, which may complete requests and run their callbacks: a
+// callback that waits must not read (the thread holds a peer's recvMutex), so it waits for the loop.
+thread_local bool handlingInput = false;
+
+struct HandlingInput {
+  const bool outer = handlingInput;
+  HandlingInput() { handlingInput = true; }
+  ~HandlingInput() { handlingInput = outer; }
+};
+
+// Set on a transport's event-loop thread, to count what other threads read.
+thread_local bool onLoopThread = false;
 
 std::exception_ptr remoteError(const std::string& message) {
   return std::make_exception_ptr(RemoteError(message));
@@ -40,8 +67,7 @@ TcpTransport::TcpTransport(const TcpOptions& options, Store& store)
     : rank_(options.rank),
       size_(options.size),
       timeout_(options.timeout),
-      logger_(options.logger),
-      discard_(256 * 1024) {
+      logger_(options.logger) {
   peers_.resize(size_);
   epoll_ = Socket(epoll_create1(EPOLL_CLOEXEC));
   wakeup_ = Socket(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -315,6 +341,8 @@ void TcpTransport::abort(const std::string& reason) {
   }
   for (auto& p : peers_) {
     if (!p) continue;
+    // A caller reading this socket finishes its read first; after that it sees stopping_ and stops.
+    std::lock_guard<std::mutex> recvLock(p->recvMutex);
     std::lock_guard<std::mutex> lock(p->sendMutex);
     p->sendClosed = error;
     for (auto& frame : p->sendQueue) {
@@ -332,8 +360,10 @@ void TcpTransport::closeGracefully(Peer& peer) {
   // our side would make close() answer with a reset, which can destroy data the peer has not read
   // yet: drain them first.
   ::shutdown(peer.socket.fd(), SHUT_WR);
+  size_t size;
+  uint8_t* sink = discardBuffer(size);
   for (int i = 0; i < 1024; ++i) {
-    ssize_t n = ::recv(peer.socket.fd(), discard_.data(), discard_.size(), MSG_DONTWAIT);
+    ssize_t n = ::recv(peer.socket.fd(), sink, size, MSG_DONTWAIT);
     if (n <= 0) break;
   }
   peer.socket.close();
@@ -425,6 +455,7 @@ void TcpTransport::finish(std::vector<Completion>& completions) {
 // The event loop
 
 void TcpTransport::loop() {
+  onLoopThread = true;
   epoll_event events[64];
   while (!stopping_.load()) {
     int n = epoll_wait(epoll_.fd(), events, 64, -1);
@@ -445,8 +476,65 @@ void TcpTransport::loop() {
         continue;
       }
       Peer& peer = *peers_[tag];
-      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) handleReadable(peer);
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+        std::lock_guard<std::mutex> lock(peer.recvMutex);
+        HandlingInput handling;
+        handleReadable(peer);
+      }
       if (events[i].events & EPOLLOUT) handleWritable(peer);
+    }
+  }
+}
+
+void TcpTransport::wait(const std::shared_ptr<Request>& request, Clock::time_point deadline,
+                        const std::string& context) {
+  if (!request->done() && request->direction() == Request::Direction::kRecv && request->peer() != kAnyPeer &&
+      request->capacity() <= kCallerReadMaxBytes && !handlingInput) {
+    readOnCallingThread(*peers_[request->peer()], *request, deadline);
+  }
+  request->wait(deadline, context);
+}
+
+void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time_point deadline) {
+  // Reads what the socket holds; false if the loop must take over (rings, stopping, closed).
+  auto readNow = [&](int& fd) {
+    std::lock_guard<std::mutex> lock(peer.recvMutex);
+    if (peer.readViaRing || stopping_.load() || !peer.socket.valid()) return false;
+    HandlingInput handling;
+    handleReadable(peer);
+    fd = peer.socket.fd();
+    return true;
+  };
+  int fd = -1;
+  if (!readNow(fd) || request.done()) return;
+  setCallerReading(peer, true);
+  struct Unwatch {
+    TcpTransport& transport;
+    Peer& peer;
+    ~Unwatch() { transport.setCallerReading(peer, false); }
+  } unwatch{*this, peer};
+  // Another thread completing the request (a peer's failure report, an abort) writes to this;
+  // made only once the wait is about to sleep, and owned by this wait alone.
+  Socket wake;
+  for (int spin = 0; !request.done(); ++spin) {
+    if (!readNow(fd) || request.done()) return;
+    if (spin < kCallerReadSpins) {
+      std::this_thread::yield();
+      continue;
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return;  // the caller's wait reports the timeout
+    if (!wake.valid()) {
+      wake = Socket(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+      PYCOMM_CHECK(wake.valid(), InternalError, context(), " eventfd: ", std::strerror(errno));
+    }
+    if (!request.setWakeFd(wake.fd())) return;  // done by another thread meanwhile
+    pollfd fds[2] = {{fd, POLLIN, 0}, {wake.fd(), POLLIN, 0}};
+    const int n = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
+    request.setWakeFd(-1);  // before `wake` can close
+    if (n > 0 && (fds[1].revents & POLLIN) != 0) {
+      uint64_t count;
+      (void)!::read(wake.fd(), &count, sizeof count);
     }
   }
 }
@@ -474,8 +562,10 @@ void TcpTransport::handleReadable(Peer& peer) {
 }
 
 std::exception_ptr TcpTransport::drainDoorbells(Peer& peer) {
+  size_t size;
+  uint8_t* sink = discardBuffer(size);
   for (;;) {
-    ssize_t n = ::recv(peer.socket.fd(), discard_.data(), discard_.size(), MSG_DONTWAIT);
+    ssize_t n = ::recv(peer.socket.fd(), sink, size, MSG_DONTWAIT);
     if (n > 0) continue;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return nullptr;
@@ -542,10 +632,12 @@ bool TcpTransport::readSome(Peer& peer) {
       case ReadTarget::kErrorText:
         dst = peer.buffer.data() + peer.payloadGot;
         break;
-      default:
-        dst = discard_.data();
-        want = std::min(want, discard_.size());
+      default: {
+        size_t size;
+        dst = discardBuffer(size);
+        want = std::min(want, size);
         break;
+      }
     }
   }
   ssize_t n;
@@ -559,6 +651,10 @@ bool TcpTransport::readSome(Peer& peer) {
     if (n == 0) return false;
   } else {
     n = ::recv(peer.socket.fd(), dst, want, MSG_DONTWAIT);
+    if (n > 0) {
+      socketBytesReceived_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      if (!onLoopThread) callerBytesReceived_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    }
   }
   if (n < 0) {
     if (errno == EINTR) return true;
@@ -813,10 +909,23 @@ int TcpTransport::flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>&
 }
 
 void TcpTransport::setPollWrite(Peer& peer, bool enable) {
+  if (watchLocked(peer, enable)) peer.pollingWrite = enable;
+}
+
+bool TcpTransport::watchLocked(Peer& peer, bool pollWrite) {
   epoll_event ev{};
-  ev.events = EPOLLIN | (enable ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+  ev.events = (peer.callerReaders > 0 ? 0u : static_cast<uint32_t>(EPOLLIN)) |
+              (pollWrite ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   ev.data.u64 = static_cast<uint64_t>(peer.rank);
-  if (epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, peer.socket.fd(), &ev) == 0) peer.pollingWrite = enable;
+  return epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, peer.socket.fd(), &ev) == 0;
+}
+
+void TcpTransport::setCallerReading(Peer& peer, bool reading) {
+  std::lock_guard<std::mutex> lock(peer.sendMutex);
+  peer.callerReaders += reading ? 1 : -1;
+  // Only the first reader and the last one change what the loop watches. A failed peer is no
+  // longer watched at all, and epoll says so; nothing is lost.
+  if (peer.callerReaders == (reading ? 1 : 0) && !stopping_.load()) (void)watchLocked(peer, peer.pollingWrite);
 }
 
 void TcpTransport::failPeer(Peer& peer, std::exception_ptr error) {

@@ -4,7 +4,9 @@
 // point-to-point, as MPI does. A message whose receive is already posted is read straight into the
 // caller's buffer; one that arrives first is buffered until its receive is posted. Sends are written
 // directly from the posting thread while the socket accepts them and queued for the loop otherwise,
-// so a rank's sends never wait on its receives.
+// so a rank's sends never wait on its receives. Likewise the thread waiting for a short message
+// reads the peer's socket itself while the loop leaves that socket alone (wait()), so the message
+// costs no wake-up of the loop; everything else is read by the loop.
 #pragma once
 
 #include <atomic>
@@ -45,6 +47,10 @@ class TcpTransport final : public Transport {
                                  size_t nbytes) override;
   std::shared_ptr<Request> irecv(int peer, const FrameInfo& info, void* data,
                                  size_t nbytes) override;
+  // A short receive from one peer over a socket is read by the waiting thread itself, which saves
+  // waking the loop thread for it; anything else waits for the loop.
+  void wait(const std::shared_ptr<Request>& request, Clock::time_point deadline,
+            const std::string& context) override;
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override;
   void reportFailure(uint64_t seq, const std::string& message) override;
   void beginOp(uint64_t seq, const OpSignature& signature) override;
@@ -63,6 +69,10 @@ class TcpTransport final : public Transport {
   // Frame bytes (headers and payloads) this rank wrote to sockets and to rings.
   uint64_t socketBytesSent() const { return socketBytesSent_.load(); }
   uint64_t ringBytesSent() const { return ringBytesSent_.load(); }
+  // Frame bytes this rank read from sockets, and the part of them read by waiting threads rather
+  // than by the event loop (wait()).
+  uint64_t socketBytesReceived() const { return socketBytesReceived_.load(); }
+  uint64_t callerBytesReceived() const { return callerBytesReceived_.load(); }
 
  private:
   struct OutgoingFrame {
@@ -87,7 +97,10 @@ class TcpTransport final : public Transport {
     shm::Ring ringOut;
     bool writeViaRing = false;  // the move frame went out: later frames go through ringOut
     bool doorbellOwed = false;  // a doorbell waits for this side's move (the socket still has frames)
-    // Receive side, touched by the loop thread only (target/request also read under matchMutex_).
+    int callerReaders = 0;      // threads reading this socket themselves: the loop leaves it alone
+    // Receive side, touched with recvMutex held only: by the loop thread, or by a thread waiting for
+    // a message from this peer (target/request also read under matchMutex_).
+    std::mutex recvMutex;
     alignas(8) FrameHeader header{};  // packed; its 8-byte fields are read in place
     size_t headerGot = 0;
     ReadTarget target = ReadTarget::kNone;
@@ -118,6 +131,13 @@ class TcpTransport final : public Transport {
   using CollectiveKey = std::tuple<int, uint64_t, uint32_t>;  // peer, seq, slot
 
   void loop();
+  // Reads `peer`'s socket on the calling thread until `request` is done or `deadline` passes; returns
+  // early, leaving the rest to the loop, if the peer moves to a ring or the transport stops.
+  void readOnCallingThread(Peer& peer, Request& request, Clock::time_point deadline);
+  // Counts a thread reading `peer`'s socket itself; while any does, the loop does not watch it for
+  // input (a wake-up of the loop per message is what reading on the caller saves).
+  void setCallerReading(Peer& peer, bool reading);
+  // Called with peer.recvMutex held.
   void handleReadable(Peer& peer);
   bool readSome(Peer& peer);  // false once the socket would block or failed
   void onHeader(Peer& peer);
@@ -133,6 +153,9 @@ class TcpTransport final : public Transport {
   // Requests whose frames were fully written are appended to `done`; returns 0 or an errno.
   int flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done);
   void setPollWrite(Peer& peer, bool enable);
+  // Tells epoll what to watch on the peer's socket: input unless a caller reads it, output if
+  // `pollWrite`. Called with peer.sendMutex held; false if epoll refused (the peer has failed).
+  bool watchLocked(Peer& peer, bool pollWrite);
   // One byte on the socket: the peer may be asleep in epoll while its ring has data or space.
   // Called with peer.sendMutex held.
   void ringDoorbellLocked(Peer& peer);
@@ -190,9 +213,10 @@ class TcpTransport final : public Transport {
   uint64_t retiredSeq_ = 0;
   std::exception_ptr aborted_;
 
-  std::vector<uint8_t> discard_;  // loop thread: where unwanted payloads go
   std::atomic<uint64_t> socketBytesSent_{0};
   std::atomic<uint64_t> ringBytesSent_{0};
+  std::atomic<uint64_t> socketBytesReceived_{0};
+  std::atomic<uint64_t> callerBytesReceived_{0};
 
   std::mutex abortMutex_;
   bool stopped_ = false;
