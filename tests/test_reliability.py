@@ -693,7 +693,7 @@ def test_abort_and_shutdown_with_isend_in_flight(pycomm: ModuleType, method: str
     assert not problems, "\n".join(problems)
 
 
-def _abort_from_thread_worker(rank: int, world: int, ctl: _Control, method: str) -> dict[str, Any]:
+def _abort_from_thread_worker(rank: int, world: int, ctl: _Control, method: str, numel: int) -> dict[str, Any]:
     """Rank 0 blocks in an all_reduce that its stopped peer never joins; another thread aborts."""
     backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
     dist.all_reduce(torch.ones(8))  # the group works
@@ -707,7 +707,7 @@ def _abort_from_thread_worker(rank: int, world: int, ctl: _Control, method: str)
     timer.start()
     t0 = time.monotonic()
     try:
-        dist.all_reduce(torch.ones(1024 * 1024))
+        dist.all_reduce(torch.ones(numel))
         out["outcome"] = "completed"
     except Exception as exc:  # noqa: BLE001
         out["outcome"] = f"{type(exc).__name__}: {exc}"
@@ -716,14 +716,22 @@ def _abort_from_thread_worker(rank: int, world: int, ctl: _Control, method: str)
     return out
 
 
+# The default transport (shared memory on this host), and TCP with a message short enough that the
+# blocked thread reads its socket itself, asleep in poll() when the abort comes.
+_BLOCKED_OPS = {"auto-4MiB": ("auto", 1024 * 1024), "tcp-4KiB": ("tcp", 1024)}
+
+
+@pytest.mark.parametrize("blocked", sorted(_BLOCKED_OPS))
 @pytest.mark.parametrize("method", ["abort", "shutdown"])
-def test_abort_from_another_thread_unblocks_collective(pycomm: ModuleType, method: str) -> None:
+def test_abort_from_another_thread_unblocks_collective(pycomm: ModuleType, method: str, blocked: str) -> None:
     """The watchdog pattern: a blocked collective must end soon after abort()/shutdown()."""
     # abort: a long timeout, so an end that only came from the timeout is distinguishable.
     # shutdown: graceful (see below), so a short timeout keeps the case quick.
     pg_timeout_s = 20.0 if method == "abort" else 5.0
+    transport, numel = _BLOCKED_OPS[blocked]
     with _Cluster(
-        _abort_from_thread_worker, 2, args=(method,), pg_timeout_s=pg_timeout_s, hang_timeout_s=90
+        _abort_from_thread_worker, 2, args=(method, numel), env={"PYCOMM_TRANSPORT": transport},
+        pg_timeout_s=pg_timeout_s, hang_timeout_s=90,
     ) as c:
         for rank in range(2):
             c.wait_event(rank, "ready", timeout=60)
@@ -747,6 +755,59 @@ def test_abort_from_another_thread_unblocks_collective(pycomm: ModuleType, metho
     assert r0["outcome"] != "completed", r0
     assert r0["blocked_s"] <= limit, f"blocked {r0['blocked_s']:.1f}s (limit {limit}s): {r0}"
     assert (code0, code1) == (0, 0), (code0, code1)
+
+
+def _mismatch_while_waiting_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any]:
+    """Rank 0 gathers and waits for stopped rank 1 first, asleep on rank 1's socket; rank 2 gathers
+    a different size, and its frame on its own socket fails rank 0's op."""
+    dist.all_reduce(torch.ones(8))  # the group works
+    ctl.event("ready", os.getpid())
+    out: dict[str, Any] = {}
+    if rank == 1:
+        assert ctl.command() == "exit"
+        return out
+    assert ctl.command() == "go"
+    numel = 1024 if rank == 0 else 2048
+    t = torch.ones(numel)
+    t0 = time.monotonic()
+    try:
+        dist.gather(t, [torch.empty(numel) for _ in range(world)] if rank == 0 else None, dst=0)
+        out["outcome"] = "completed"
+    except Exception as exc:  # noqa: BLE001
+        out["outcome"] = f"{type(exc).__name__}: {exc}"
+    out["blocked_s"] = time.monotonic() - t0
+    return out
+
+
+STAGGER_S = 1.0
+
+
+def test_failure_seen_on_another_socket_wakes_a_waiting_reader(pycomm: ModuleType) -> None:
+    """Over TCP a thread waiting for a short message sleeps in poll() on that peer's socket; an op
+    failed by what arrives from another peer must wake it at once, not at the group timeout."""
+    pg_timeout_s = 20.0
+    with _Cluster(
+        _mismatch_while_waiting_worker, 3, env={"PYCOMM_TRANSPORT": "tcp"}, pg_timeout_s=pg_timeout_s,
+        hang_timeout_s=90,
+    ) as c:
+        for rank in range(3):
+            c.wait_event(rank, "ready", timeout=60)
+        c.kill(1, signal.SIGSTOP)
+        try:
+            c.send(0, "go")
+            time.sleep(STAGGER_S)  # rank 0 is asleep in its wait before rank 2's frame comes
+            c.send(2, "go")
+            r0 = c.result(0, timeout=pg_timeout_s + 20)
+            r2 = c.result(2, timeout=pg_timeout_s + 20)
+        finally:
+            c.kill(1, signal.SIGCONT)
+        c.send(1, "exit")
+        c.result(1, timeout=40)
+    _report(f"gather size mismatch seen on rank 2's socket ended rank 0's wait on rank 1 after "
+            f"{r0['blocked_s']:.3f}s: {r0['outcome'][:150]!r}")
+    assert "rank 2 runs gather of 2048" in r0["outcome"], r0
+    assert STAGGER_S <= r0["blocked_s"] <= STAGGER_S + ABORT_MAX_S, r0
+    assert r2["outcome"] != "completed", r2
 
 
 # ============================================================================================

@@ -17,8 +17,8 @@ void Request::wait(Clock::time_point deadline, const std::string& context) {
   if (!cv_.wait_until(lock, deadline, [&] { return state_.load() != kPending; })) {
     const char* what = direction_ == Direction::kSend ? "sending " : "receiving ";
     const char* preposition = direction_ == Direction::kSend ? " to peer " : " from peer ";
-    throw TimeoutError(strCat(context, ": timed out waiting for peer ", peer_, " (", what, nbytes_,
-                              " B", preposition, peer_, ")"));
+    throw TimeoutError(strCat(context, ": timed out waiting for peer ", peer(), " (", what, nbytes_,
+                              " B", preposition, peer(), ")"));
   }
   if (state_.load() == kFailed) std::rethrow_exception(error_);
 }
@@ -44,7 +44,7 @@ void Request::complete(size_t transferred, int peer) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (state_.load() != kPending) return;
     transferred_ = transferred;
-    peer_ = peer;
+    peer_.store(peer, std::memory_order_relaxed);
   }
   finish(kDone);
 }
@@ -60,7 +60,7 @@ void Request::fail(std::exception_ptr error) {
 
 bool Request::setWakeFd(int fd) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (fd >= 0 && state_.load() != kPending) return false;
+  if (fd >= 0 && (state_.load() != kPending || wakeFd_ >= 0)) return false;
   wakeFd_ = fd;
   return true;
 }

@@ -31,18 +31,20 @@ class Request {
   // timeout throws TimeoutError with `context` and the peer and size it waited for.
   void wait(Clock::time_point deadline, const std::string& context);
 
-  // Runs `callback` once the request is done (at once if it already is), on the completing thread.
+  // Runs `callback` once the request is done (at once if it already is), on the completing thread:
+  // a transport's event loop, or any thread that posts, waits or aborts. No transport lock is held.
   void onDone(std::function<void()> callback);
 
   // While set, completing the request also writes to eventfd `fd`, so a thread about to wait in
   // poll() on the request's socket learns that another thread finished it. Returns false, setting
-  // nothing, if the request is already done. -1 clears it; once cleared, the fd is never touched.
+  // nothing, if the request is already done or another thread's fd is set (one poller at a time).
+  // -1 clears it; once cleared, the fd is never touched.
   bool setWakeFd(int fd);
 
   std::exception_ptr error() const;
   Direction direction() const { return direction_; }
   // For a receive from any peer, the peer that matched; otherwise the peer it was posted for.
-  int peer() const { return peer_; }
+  int peer() const { return peer_.load(std::memory_order_relaxed); }
   void* data() const { return data_; }
   size_t capacity() const { return nbytes_; }
   // Bytes actually received (a p2p receive may be given a larger buffer than the message).
@@ -60,7 +62,7 @@ class Request {
   void finish(int state);
 
   const Direction direction_;
-  int peer_;
+  std::atomic<int> peer_;  // set again on completion (a receive from any peer); read by waiters
   void* const data_;
   const size_t nbytes_;
   size_t transferred_ = 0;

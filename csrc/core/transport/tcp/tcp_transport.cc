@@ -27,6 +27,8 @@ constexpr size_t kCallerReadMaxBytes = 64 * 1024;
 // Yields, each followed by a look at the socket, before a waiting caller sleeps in poll(): a short
 // message is often a few microseconds away, and the yield lets a rank sharing this core send it.
 constexpr int kCallerReadSpins = 200;
+// Reads (a header or a piece of a payload each) a waiter goes on with once its own frame is in.
+constexpr int kCallerReadsPastOwnFrame = 16;
 
 // Where unwanted bytes go. Per thread: the loop thread and waiting callers read different peers at once.
 uint8_t* discardBuffer(size_t& size) {
@@ -34,16 +36,6 @@ uint8_t* discardBuffer(size_t& size) {
   size = buffer.size();
   return buffer.data();
 }
-
-// Set while this thread handles input, which may complete requests and run their callbacks: a
-// callback that waits must not read (the thread holds a peer's recvMutex), so it waits for the loop.
-thread_local bool handlingInput = false;
-
-struct HandlingInput {
-  const bool outer = handlingInput;
-  HandlingInput() { handlingInput = true; }
-  ~HandlingInput() { handlingInput = outer; }
-};
 
 // Set on a transport's event-loop thread, to count what other threads read.
 thread_local bool onLoopThread = false;
@@ -62,6 +54,36 @@ std::string describeFrame(const FrameHeader& h) {
 }
 
 }  // namespace
+
+thread_local std::vector<TcpTransport::Completion>* TcpTransport::deferredCompletions_ = nullptr;
+thread_local const TcpTransport::Peer* TcpTransport::inputPeer_ = nullptr;
+
+template <typename Body>
+bool TcpTransport::handleInput(Peer& peer, Body&& body) {
+  std::vector<Completion> completions;
+  bool result;
+  try {
+    std::lock_guard<std::mutex> lock(peer.recvMutex);
+    auto* const outerCompletions = deferredCompletions_;
+    const Peer* const outerPeer = inputPeer_;
+    deferredCompletions_ = &completions;
+    inputPeer_ = &peer;
+    struct Restore {
+      std::vector<Completion>* completions;
+      const Peer* peer;
+      ~Restore() {
+        deferredCompletions_ = completions;
+        inputPeer_ = peer;
+      }
+    } restore{outerCompletions, outerPeer};
+    result = body();
+  } catch (...) {
+    finish(completions);  // what was found before the error still completes, then the error goes on
+    throw;
+  }
+  finish(completions);
+  return result;
+}
 
 TcpTransport::TcpTransport(const TcpOptions& options, Store& store)
     : rank_(options.rank),
@@ -324,7 +346,8 @@ void TcpTransport::abort(const std::string& reason) {
   uint64_t one = 1;
   (void)!::write(wakeup_.fd(), &one, sizeof one);
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-  // The loop has stopped: nothing touches a caller's buffer any more. Fail whatever waits.
+  // The loop has stopped; a thread reading a socket itself stops at its next frame (stopping_).
+  // Fail whatever waits.
   std::vector<Completion> completions;
   {
     std::lock_guard<std::mutex> lock(matchMutex_);
@@ -335,14 +358,17 @@ void TcpTransport::abort(const std::string& reason) {
     postedP2P_.clear();
     arrivedCollective_.clear();
     arrivedP2P_.clear();
-    for (auto& p : peers_) {
-      if (p && p->request) completions.push_back({std::move(p->request), 0, p->rank, error});
-    }
   }
   for (auto& p : peers_) {
     if (!p) continue;
-    // A caller reading this socket finishes its read first; after that it sees stopping_ and stops.
-    std::lock_guard<std::mutex> recvLock(p->recvMutex);
+    // Once this is held no thread is reading into the buffer of the request being received.
+    std::unique_lock<std::mutex> recvLock(p->recvMutex, std::defer_lock);
+    if (inputPeer_ != p.get()) recvLock.lock();  // abort from inside this peer's input handling
+    {
+      std::lock_guard<std::mutex> lock(matchMutex_);
+      if (p->request) completions.push_back({std::move(p->request), 0, p->rank, error});
+      p->request.reset();
+    }
     std::lock_guard<std::mutex> lock(p->sendMutex);
     p->sendClosed = error;
     for (auto& frame : p->sendQueue) {
@@ -441,6 +467,11 @@ void TcpTransport::failPostedSeqLocked(uint64_t seq, const std::exception_ptr& e
 }
 
 void TcpTransport::finish(std::vector<Completion>& completions) {
+  if (deferredCompletions_ != nullptr && deferredCompletions_ != &completions) {
+    for (auto& c : completions) deferredCompletions_->push_back(std::move(c));
+    completions.clear();
+    return;
+  }
   for (auto& c : completions) {
     if (c.error) {
       c.request->fail(c.error);
@@ -477,9 +508,10 @@ void TcpTransport::loop() {
       }
       Peer& peer = *peers_[tag];
       if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-        std::lock_guard<std::mutex> lock(peer.recvMutex);
-        HandlingInput handling;
-        handleReadable(peer);
+        handleInput(peer, [&] {
+          handleReadable(peer);
+          return true;
+        });
       }
       if (events[i].events & EPOLLOUT) handleWritable(peer);
     }
@@ -489,21 +521,35 @@ void TcpTransport::loop() {
 void TcpTransport::wait(const std::shared_ptr<Request>& request, Clock::time_point deadline,
                         const std::string& context) {
   if (!request->done() && request->direction() == Request::Direction::kRecv && request->peer() != kAnyPeer &&
-      request->capacity() <= kCallerReadMaxBytes && !handlingInput) {
+      request->capacity() <= kCallerReadMaxBytes && !onLoopThread) {
     readOnCallingThread(*peers_[request->peer()], *request, deadline);
   }
   request->wait(deadline, context);
 }
 
 void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time_point deadline) {
-  // Reads what the socket holds; false if the loop must take over (rings, stopping, closed).
+  // Reads what the socket holds up to this request's frame, and then a few short frames that are
+  // already there (the next steps of the same op, often): never a long payload past its own frame,
+  // which is the loop's, and never an endless stream. False if the loop must take over (rings,
+  // stopping, closed).
   auto readNow = [&](int& fd) {
-    std::lock_guard<std::mutex> lock(peer.recvMutex);
-    if (peer.readViaRing || stopping_.load() || !peer.socket.valid()) return false;
-    HandlingInput handling;
-    handleReadable(peer);
-    fd = peer.socket.fd();
-    return true;
+    return handleInput(peer, [&] {
+      if (peer.readViaRing || stopping_.load() || !peer.socket.valid()) return false;
+      fd = peer.socket.fd();
+      auto completedHere = [&] {
+        return request.done() || std::any_of(deferredCompletions_->begin(), deferredCompletions_->end(),
+                                              [&](const Completion& c) { return c.request.get() == &request; });
+      };
+      for (int readsPast = 0; !peer.readViaRing && !stopping_.load();) {
+        if (completedHere()) {
+          const bool longPayloadNext =
+              peer.headerGot == sizeof(FrameHeader) && peer.header.nbytes - peer.payloadGot > kCallerReadMaxBytes;
+          if (longPayloadNext || ++readsPast > kCallerReadsPastOwnFrame) break;
+        }
+        if (!readSome(peer)) break;
+      }
+      return true;
+    });
   };
   int fd = -1;
   if (!readNow(fd) || request.done()) return;
@@ -526,9 +572,11 @@ void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time
     if (left <= 0) return;  // the caller's wait reports the timeout
     if (!wake.valid()) {
       wake = Socket(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-      PYCOMM_CHECK(wake.valid(), InternalError, context(), " eventfd: ", std::strerror(errno));
+      if (!wake.valid()) return;  // no fd to spare: the loop reads, and Request::wait waits
     }
-    if (!request.setWakeFd(wake.fd())) return;  // done by another thread meanwhile
+    // False when another thread completed it meanwhile, or also waits on it (then this one waits
+    // for the request's completion instead of reading).
+    if (!request.setWakeFd(wake.fd())) return;
     pollfd fds[2] = {{fd, POLLIN, 0}, {wake.fd(), POLLIN, 0}};
     const int n = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
     request.setWakeFd(-1);  // before `wake` can close
@@ -930,6 +978,9 @@ void TcpTransport::setCallerReading(Peer& peer, bool reading) {
 
 void TcpTransport::failPeer(Peer& peer, std::exception_ptr error) {
   std::vector<Completion> completions;
+  // peer.request is the receive side's: take it only once no thread is reading into its buffer.
+  std::unique_lock<std::mutex> recvLock(peer.recvMutex, std::defer_lock);
+  if (inputPeer_ != &peer) recvLock.lock();
   {
     std::lock_guard<std::mutex> lock(matchMutex_);
     if (peer.failure) return;
@@ -961,6 +1012,7 @@ void TcpTransport::failPeer(Peer& peer, std::exception_ptr error) {
     if (peer.request) completions.push_back({std::move(peer.request), 0, peer.rank, error});
     peer.request.reset();
   }
+  if (recvLock.owns_lock()) recvLock.unlock();
   {
     std::lock_guard<std::mutex> lock(peer.sendMutex);
     peer.sendClosed = error;

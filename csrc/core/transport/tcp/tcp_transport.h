@@ -98,8 +98,9 @@ class TcpTransport final : public Transport {
     bool writeViaRing = false;  // the move frame went out: later frames go through ringOut
     bool doorbellOwed = false;  // a doorbell waits for this side's move (the socket still has frames)
     int callerReaders = 0;      // threads reading this socket themselves: the loop leaves it alone
-    // Receive side, touched with recvMutex held only: by the loop thread, or by a thread waiting for
-    // a message from this peer (target/request also read under matchMutex_).
+    // Receive side, touched with recvMutex held only (handleInput): by the loop thread, or by a
+    // thread waiting for a message from this peer. target/request are also read under matchMutex_;
+    // request is taken (failPeer, abort) with both held, so no reader is writing into its buffer.
     std::mutex recvMutex;
     alignas(8) FrameHeader header{};  // packed; its 8-byte fields are read in place
     size_t headerGot = 0;
@@ -131,13 +132,18 @@ class TcpTransport final : public Transport {
   using CollectiveKey = std::tuple<int, uint64_t, uint32_t>;  // peer, seq, slot
 
   void loop();
+  // Runs `body` (input handling for `peer`) on this thread with peer.recvMutex held. Requests it
+  // completes are completed, and their callbacks (user code) run, only after the mutex is released,
+  // so a callback may post, wait or abort. Returns what `body` returns.
+  template <typename Body>
+  bool handleInput(Peer& peer, Body&& body);
   // Reads `peer`'s socket on the calling thread until `request` is done or `deadline` passes; returns
   // early, leaving the rest to the loop, if the peer moves to a ring or the transport stops.
   void readOnCallingThread(Peer& peer, Request& request, Clock::time_point deadline);
   // Counts a thread reading `peer`'s socket itself; while any does, the loop does not watch it for
   // input (a wake-up of the loop per message is what reading on the caller saves).
   void setCallerReading(Peer& peer, bool reading);
-  // Called with peer.recvMutex held.
+  // Called inside handleInput.
   void handleReadable(Peer& peer);
   bool readSome(Peer& peer);  // false once the socket would block or failed
   void onHeader(Peer& peer);
@@ -177,7 +183,11 @@ class TcpTransport final : public Transport {
   };
   // Hands an arrived message to a posted receive, if there is one. Called with matchMutex_ held.
   bool deliverArrivedLocked(Arrived& arrived, std::vector<Completion>& completions);
+  // Completes the requests, or, inside handleInput on this thread, hands them to it for later.
   static void finish(std::vector<Completion>& completions);
+  // Inside handleInput on this thread: where finish() puts completions, and the peer being read.
+  static thread_local std::vector<Completion>* deferredCompletions_;
+  static thread_local const Peer* inputPeer_;
   // Copies an arrived payload into a receive and completes it, or fails it with `why`.
   static void deliverLocked(const std::shared_ptr<Request>& request, int peer, const FrameHeader& header,
                             const std::vector<uint8_t>& payload, const std::string& why,
