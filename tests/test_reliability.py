@@ -696,23 +696,37 @@ def test_abort_and_shutdown_with_isend_in_flight(pycomm: ModuleType, method: str
 def _abort_from_thread_worker(rank: int, world: int, ctl: _Control, method: str, numel: int) -> dict[str, Any]:
     """Rank 0 blocks in an all_reduce that its stopped peer never joins; another thread aborts."""
     backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
-    dist.all_reduce(torch.ones(8))  # the group works
-    ctl.event("ready", os.getpid())
-    out: dict[str, Any] = {}
-    if rank == 1:
-        assert ctl.command() == "exit"
-        return out
-    assert ctl.command() == "go"
+    if not _ready_unless_stopped(rank, ctl):
+        return {}
     timer = threading.Timer(0.5, getattr(backend, method))
     timer.start()
+    out = _timed_outcome(lambda: dist.all_reduce(torch.ones(numel)))
+    timer.join()
+    return out
+
+
+def _ready_unless_stopped(rank: int, ctl: _Control) -> bool:
+    """Checks the group, says "ready", then waits: for "exit" on rank 1 (the rank the test stops;
+    False), for "go" on the others (True)."""
+    dist.all_reduce(torch.ones(8))  # the group works
+    ctl.event("ready", os.getpid())
+    if rank == 1:
+        assert ctl.command() == "exit"
+        return False
+    assert ctl.command() == "go"
+    return True
+
+
+def _timed_outcome(op: Callable[[], Any]) -> dict[str, Any]:
+    """How `op` ended ("completed" or the exception) and how long it blocked."""
+    out: dict[str, Any] = {}
     t0 = time.monotonic()
     try:
-        dist.all_reduce(torch.ones(numel))
+        op()
         out["outcome"] = "completed"
     except Exception as exc:  # noqa: BLE001
         out["outcome"] = f"{type(exc).__name__}: {exc}"
     out["blocked_s"] = time.monotonic() - t0
-    timer.join()
     return out
 
 
@@ -760,23 +774,11 @@ def test_abort_from_another_thread_unblocks_collective(pycomm: ModuleType, metho
 def _mismatch_while_waiting_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any]:
     """Rank 0 gathers and waits for stopped rank 1 first, asleep on rank 1's socket; rank 2 gathers
     a different size, and its frame on its own socket fails rank 0's op."""
-    dist.all_reduce(torch.ones(8))  # the group works
-    ctl.event("ready", os.getpid())
-    out: dict[str, Any] = {}
-    if rank == 1:
-        assert ctl.command() == "exit"
-        return out
-    assert ctl.command() == "go"
+    if not _ready_unless_stopped(rank, ctl):
+        return {}
     numel = 1024 if rank == 0 else 2048
-    t = torch.ones(numel)
-    t0 = time.monotonic()
-    try:
-        dist.gather(t, [torch.empty(numel) for _ in range(world)] if rank == 0 else None, dst=0)
-        out["outcome"] = "completed"
-    except Exception as exc:  # noqa: BLE001
-        out["outcome"] = f"{type(exc).__name__}: {exc}"
-    out["blocked_s"] = time.monotonic() - t0
-    return out
+    gathered = [torch.empty(numel) for _ in range(world)] if rank == 0 else None
+    return _timed_outcome(lambda: dist.gather(torch.ones(numel), gathered, dst=0))
 
 
 STAGGER_S = 1.0
