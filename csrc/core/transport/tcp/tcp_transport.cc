@@ -59,7 +59,7 @@ thread_local std::vector<TcpTransport::Completion>* TcpTransport::deferredComple
 thread_local const TcpTransport::Peer* TcpTransport::inputPeer_ = nullptr;
 
 template <typename Body>
-bool TcpTransport::handleInput(Peer& peer, Body&& body) {
+bool TcpTransport::handleInput(Peer& peer, Body&& body, std::vector<Completion>* keep) {
   std::vector<Completion> completions;
   bool result;
   try {
@@ -81,7 +81,11 @@ bool TcpTransport::handleInput(Peer& peer, Body&& body) {
     finish(completions);  // what was found before the error still completes, then the error goes on
     throw;
   }
-  finish(completions);
+  if (keep != nullptr) {
+    for (auto& c : completions) keep->push_back(std::move(c));
+  } else {
+    finish(completions);
+  }
   return result;
 }
 
@@ -117,7 +121,17 @@ TcpTransport::TcpTransport(const TcpOptions& options, Store& store)
   thread_ = std::thread([this] { loop(); });
 }
 
-TcpTransport::~TcpTransport() { abort("the process group was destroyed"); }
+TcpTransport::~TcpTransport() {
+  abort("the process group was destroyed");
+  // An abort from the loop thread itself (a request's callback) could not join it.
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+}
 
 std::string TcpTransport::context() const { return strCat("[rank ", rank_, "/", size_, "]"); }
 
@@ -346,7 +360,7 @@ void TcpTransport::abort(const std::string& reason) {
   uint64_t one = 1;
   (void)!::write(wakeup_.fd(), &one, sizeof one);
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-  // The loop has stopped; a thread reading a socket itself stops at its next frame (stopping_).
+  // The loop has stopped; a thread reading a socket itself stops at its next read (stopping_).
   // Fail whatever waits.
   std::vector<Completion> completions;
   {
@@ -472,14 +486,22 @@ void TcpTransport::finish(std::vector<Completion>& completions) {
     completions.clear();
     return;
   }
+  // Every request completes even if a callback throws (its requests are no longer posted anywhere,
+  // so nothing else would); the first exception goes on afterwards.
+  std::exception_ptr thrown;
   for (auto& c : completions) {
-    if (c.error) {
-      c.request->fail(c.error);
-    } else {
-      c.request->complete(c.bytes, c.peer);
+    try {
+      if (c.error) {
+        c.request->fail(c.error);
+      } else {
+        c.request->complete(c.bytes, c.peer);
+      }
+    } catch (...) {
+      if (!thrown) thrown = std::current_exception();
     }
   }
   completions.clear();
+  if (thrown) std::rethrow_exception(thrown);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -508,10 +530,8 @@ void TcpTransport::loop() {
       }
       Peer& peer = *peers_[tag];
       if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-        handleInput(peer, [&] {
-          handleReadable(peer);
-          return true;
-        });
+        while (handleInput(peer, [&] { return handleReadable(peer); }) && !stopping_.load()) {
+        }
       }
       if (events[i].events & EPOLLOUT) handleWritable(peer);
     }
@@ -528,62 +548,82 @@ void TcpTransport::wait(const std::shared_ptr<Request>& request, Clock::time_poi
 }
 
 void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time_point deadline) {
+  // Requests completed by what this thread reads. They complete, and their callbacks run, only once
+  // the socket is back with the loop, so a callback may wait for anything from this peer.
+  std::vector<Completion> found;
   // Reads what the socket holds up to this request's frame, and then a few short frames that are
   // already there (the next steps of the same op, often): never a long payload past its own frame,
   // which is the loop's, and never an endless stream. False if the loop must take over (rings,
   // stopping, closed).
   auto readNow = [&](int& fd) {
-    return handleInput(peer, [&] {
-      if (peer.readViaRing || stopping_.load() || !peer.socket.valid()) return false;
-      fd = peer.socket.fd();
-      auto completedHere = [&] {
-        return request.done() || std::any_of(deferredCompletions_->begin(), deferredCompletions_->end(),
-                                              [&](const Completion& c) { return c.request.get() == &request; });
-      };
-      for (int readsPast = 0; !peer.readViaRing && !stopping_.load();) {
-        if (completedHere()) {
-          const bool longPayloadNext =
-              peer.headerGot == sizeof(FrameHeader) && peer.header.nbytes - peer.payloadGot > kCallerReadMaxBytes;
-          if (longPayloadNext || ++readsPast > kCallerReadsPastOwnFrame) break;
-        }
-        if (!readSome(peer)) break;
-      }
-      return true;
-    });
+    return handleInput(
+        peer,
+        [&] {
+          if (peer.readViaRing || stopping_.load() || !peer.socket.valid()) return false;
+          fd = peer.socket.fd();
+          auto completedHere = [&] {
+            return request.done() || std::any_of(deferredCompletions_->begin(), deferredCompletions_->end(),
+                                                  [&](const Completion& c) { return c.request.get() == &request; });
+          };
+          for (int readsPast = 0; !peer.readViaRing && !stopping_.load();) {
+            if (completedHere()) {
+              const bool longPayloadNext = peer.headerGot == sizeof(FrameHeader) &&
+                                           peer.header.nbytes - peer.payloadGot > kCallerReadMaxBytes;
+              if (longPayloadNext || ++readsPast > kCallerReadsPastOwnFrame) break;
+            }
+            if (!readSome(peer)) break;
+          }
+          return true;
+        },
+        &found);
   };
   int fd = -1;
-  if (!readNow(fd) || request.done()) return;
-  setCallerReading(peer, true);
-  struct Unwatch {
-    TcpTransport& transport;
-    Peer& peer;
-    ~Unwatch() { transport.setCallerReading(peer, false); }
-  } unwatch{*this, peer};
+  bool reading = readNow(fd);
+  finish(found);
   // Another thread completing the request (a peer's failure report, an abort) writes to this;
-  // made only once the wait is about to sleep, and owned by this wait alone.
+  // made only once a wait is about to sleep, and owned by this wait alone.
   Socket wake;
-  for (int spin = 0; !request.done(); ++spin) {
-    if (!readNow(fd) || request.done()) return;
-    if (spin < kCallerReadSpins) {
-      std::this_thread::yield();
-      continue;
+  // Rounds: take the socket from the loop, read until something completes, hand it back, complete.
+  while (reading && !request.done()) {
+    {
+      setCallerReading(peer, true);
+      struct Unwatch {
+        TcpTransport& transport;
+        Peer& peer;
+        ~Unwatch() { transport.setCallerReading(peer, false); }
+      } unwatch{*this, peer};
+      for (int spin = 0;; ++spin) {
+        if (!readNow(fd)) {
+          reading = false;
+          break;
+        }
+        if (!found.empty() || request.done()) break;
+        if (spin < kCallerReadSpins) {
+          std::this_thread::yield();
+          continue;
+        }
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) {
+          reading = false;  // the caller's wait reports the timeout
+          break;
+        }
+        if (!wake.valid()) wake = Socket(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+        // Not set when no fd was to spare, when another thread completed the request meanwhile, or
+        // when another thread polls for it too: then Request::wait waits for its completion.
+        if (!wake.valid() || !request.setWakeFd(wake.fd())) {
+          reading = false;
+          break;
+        }
+        pollfd fds[2] = {{fd, POLLIN, 0}, {wake.fd(), POLLIN, 0}};
+        const int n = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
+        request.setWakeFd(-1);  // before `wake` can close
+        if (n > 0 && (fds[1].revents & POLLIN) != 0) {
+          uint64_t count;
+          (void)!::read(wake.fd(), &count, sizeof count);
+        }
+      }
     }
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return;  // the caller's wait reports the timeout
-    if (!wake.valid()) {
-      wake = Socket(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-      if (!wake.valid()) return;  // no fd to spare: the loop reads, and Request::wait waits
-    }
-    // False when another thread completed it meanwhile, or also waits on it (then this one waits
-    // for the request's completion instead of reading).
-    if (!request.setWakeFd(wake.fd())) return;
-    pollfd fds[2] = {{fd, POLLIN, 0}, {wake.fd(), POLLIN, 0}};
-    const int n = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
-    request.setWakeFd(-1);  // before `wake` can close
-    if (n > 0 && (fds[1].revents & POLLIN) != 0) {
-      uint64_t count;
-      (void)!::read(wake.fd(), &count, sizeof count);
-    }
+    finish(found);
   }
 }
 
@@ -595,18 +635,26 @@ void TcpTransport::acceptStranger() {
                       ": the group is already connected"));
 }
 
-void TcpTransport::handleReadable(Peer& peer) {
+bool TcpTransport::handleReadable(Peer& peer) {
   std::exception_ptr gone;
   if (peer.readViaRing) gone = drainDoorbells(peer);
   // Frames the peer wrote before it closed are delivered first, as a socket would deliver them.
+  // Stop once something completed, so its waiter gets it now (the next chunk of a pipelined op is
+  // read while the waiter reduces this one); the caller comes back for the rest.
+  bool more = false;
   while (peer.socket.valid() && !stopping_.load() && readSome(peer)) {
+    if (!deferredCompletions_->empty()) {
+      more = true;
+      break;
+    }
   }
-  if (gone) {
+  if (gone && !more) {
     failPeer(peer, gone);
-    return;
+    return false;
   }
   // A doorbell also says that the peer made space in this rank's ring to it.
   if (peer.readViaRing) handleWritable(peer);
+  return more;
 }
 
 std::exception_ptr TcpTransport::drainDoorbells(Peer& peer) {
@@ -882,7 +930,13 @@ void TcpTransport::handleWritable(Peer& peer) {
 }
 
 void TcpTransport::afterFlush(Peer& peer, std::vector<std::shared_ptr<Request>>& done, int err) {
-  for (auto& r : done) r->complete(r->capacity(), peer.rank);
+  std::vector<Completion> completions;
+  for (auto& r : done) {
+    const size_t bytes = r->capacity();
+    completions.push_back({std::move(r), bytes, peer.rank, nullptr});
+  }
+  done.clear();
+  finish(completions);  // inside input handling (a ring's space doorbell), after the lock is released
   if (err != 0) {
     failPeer(peer, remoteError(strCat(context(), " sending to peer ", peer.rank, " failed: ", std::strerror(err))));
   }
@@ -1020,9 +1074,12 @@ void TcpTransport::failPeer(Peer& peer, std::exception_ptr error) {
       if (frame.request) completions.push_back({frame.request, 0, peer.rank, error});
     }
     peer.sendQueue.clear();
+    // Under sendMutex, which abort holds to close the socket: never a reused fd number.
+    if (peer.socket.valid()) {
+      epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, peer.socket.fd(), nullptr);
+      ::shutdown(peer.socket.fd(), SHUT_RDWR);
+    }
   }
-  epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, peer.socket.fd(), nullptr);
-  ::shutdown(peer.socket.fd(), SHUT_RDWR);
   try {
     std::rethrow_exception(error);
   } catch (const Error& e) {

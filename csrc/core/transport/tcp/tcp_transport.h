@@ -131,20 +131,29 @@ class TcpTransport final : public Transport {
   };
   using CollectiveKey = std::tuple<int, uint64_t, uint32_t>;  // peer, seq, slot
 
+  // A request to complete (error null) or fail, once no lock is held.
+  struct Completion {
+    std::shared_ptr<Request> request;
+    size_t bytes = 0;
+    int peer = -1;
+    std::exception_ptr error;
+  };
+
   void loop();
   // Runs `body` (input handling for `peer`) on this thread with peer.recvMutex held. Requests it
-  // completes are completed, and their callbacks (user code) run, only after the mutex is released,
-  // so a callback may post, wait or abort. Returns what `body` returns.
+  // completes are completed, and their callbacks (user code) run, only after the mutex is released
+  // (or they are appended to `keep`, for the caller to complete once it is ready). Returns what
+  // `body` returns.
   template <typename Body>
-  bool handleInput(Peer& peer, Body&& body);
+  bool handleInput(Peer& peer, Body&& body, std::vector<Completion>* keep = nullptr);
   // Reads `peer`'s socket on the calling thread until `request` is done or `deadline` passes; returns
   // early, leaving the rest to the loop, if the peer moves to a ring or the transport stops.
   void readOnCallingThread(Peer& peer, Request& request, Clock::time_point deadline);
   // Counts a thread reading `peer`'s socket itself; while any does, the loop does not watch it for
   // input (a wake-up of the loop per message is what reading on the caller saves).
   void setCallerReading(Peer& peer, bool reading);
-  // Called inside handleInput.
-  void handleReadable(Peer& peer);
+  // Called inside handleInput. True when it stopped early because something completed: call again.
+  bool handleReadable(Peer& peer);
   bool readSome(Peer& peer);  // false once the socket would block or failed
   void onHeader(Peer& peer);
   void onPayload(Peer& peer);
@@ -175,12 +184,6 @@ class TcpTransport final : public Transport {
   std::string checkCollective(int peer, const FrameHeader& header, const PostedCollective& posted,
                               size_t expectedBytes) const;
   std::string checkP2P(int peer, const FrameHeader& header, size_t expectedBytes) const;
-  struct Completion {
-    std::shared_ptr<Request> request;
-    size_t bytes = 0;
-    int peer = -1;
-    std::exception_ptr error;
-  };
   // Hands an arrived message to a posted receive, if there is one. Called with matchMutex_ held.
   bool deliverArrivedLocked(Arrived& arrived, std::vector<Completion>& completions);
   // Completes the requests, or, inside handleInput on this thread, hands them to it for later.
