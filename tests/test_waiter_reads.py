@@ -7,6 +7,7 @@ receives stay with the event loop, which keeps receiving while the op reduces.""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -106,3 +107,52 @@ def test_waiters_read_short_messages_and_the_loop_reads_long_ones(pycomm: Any, w
         # The long all-reduce moves at least its reduce-scatter's share into this rank.
         assert got["long_total"] >= 4 * LONG_COUNT * (world - 1) // world, (rank, got)
         assert got["long_by_waiter"] == 0, (rank, got)
+
+
+def _callback_takes_a_held_lock(rank: int, world: int) -> tuple[list[str], int]:
+    """Rank 0 holds a lock while its small all-reduces read the socket to rank 1. The receive it
+    posted before arrives while it sleeps, so the event loop reads it, and its callback, on the loop
+    thread, waits for the lock. The all-reduces must still read that socket: the callback may not
+    run while its thread holds the socket (before, it ran with the peer's receive lock held, and the
+    two waited on each other for good)."""
+    f = Failures(rank)
+    lock = threading.RLock()  # the callback may also run on this thread, inside an all_reduce
+    message = input_for(950, 1, (257,), torch.int64, None)
+    sync = torch.zeros(1)
+    seen: list[str] = []
+    if rank == 1:
+        dist.all_reduce(sync)  # rank 0 has posted its receive
+        dist.send(message, 0, tag=3)
+    with lock:
+        if rank == 0:
+            got = torch.full((257,), -1, dtype=torch.int64)
+            work = dist.irecv(got, 1, tag=3)
+
+            def take_lock(fut: Any) -> None:
+                with lock:
+                    seen.append("ran")
+
+            done = work.get_future().then(take_lock)
+            dist.all_reduce(sync)
+            time.sleep(0.5)  # nobody on this rank waits for rank 1: the loop reads the message
+        for k in range(ROUNDS_UNDER_LOCK):
+            label = f"all_reduce {k} with the lock held"
+            with f.guard(label):
+                t = input_for(960 + k, rank, (1000,), torch.int64, "sum")
+                dist.all_reduce(t)
+                expected = [input_for(960 + k, q, (1000,), torch.int64, "sum") for q in range(world)]
+                f.check(label, check_reduced(t, expected, "sum"))
+    if rank == 0:
+        done.wait()
+        f.check("callback ran", None if seen == ["ran"] else f"callback ran {len(seen)} times")
+        f.check("p2p payload", check_equal(got, message))
+    return f.result()
+
+
+ROUNDS_UNDER_LOCK = 50
+
+
+@pytest.mark.usefixtures("pycomm")
+def test_a_callback_may_take_a_lock_the_reading_thread_holds(pycomm: Any) -> None:
+    assert_no_failures(run_ranks(_callback_takes_a_held_lock, 2, backend="pycomm", timeout_s=60,
+                                 pg_options=pycomm.Options(transport="tcp"), pg_timeout_s=30))
