@@ -782,6 +782,7 @@ def _mismatch_while_waiting_worker(rank: int, world: int, ctl: _Control) -> dict
 
 
 STAGGER_S = 1.0
+WAKE_MAX_S = 5.0
 
 
 def test_failure_seen_on_another_socket_wakes_a_waiting_reader(pycomm: ModuleType) -> None:
@@ -808,8 +809,9 @@ def test_failure_seen_on_another_socket_wakes_a_waiting_reader(pycomm: ModuleTyp
     _report(f"gather size mismatch seen on rank 2's socket ended rank 0's wait on rank 1 after "
             f"{r0['blocked_s']:.3f}s: {r0['outcome'][:150]!r}")
     assert "rank 2 runs gather of 2048" in r0["outcome"], r0
-    # Rank 0 was asleep when rank 2's frame came (it did not fail before the stagger), and woke at once.
-    assert STAGGER_S - 0.2 <= r0["blocked_s"] <= STAGGER_S + ABORT_MAX_S, r0
+    # Rank 0 was asleep when rank 2's frame came (it did not fail at once), and woke long before the
+    # group timeout (bounds loose enough for a loaded CI machine; without the wake-up it is 20 s).
+    assert STAGGER_S / 2 <= r0["blocked_s"] <= STAGGER_S + WAKE_MAX_S, r0
     assert r2["outcome"] != "completed", r2
 
 
