@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from types import ModuleType
@@ -289,6 +289,17 @@ class _Cluster:
 
     def kill(self, rank: int, sig: int = signal.SIGKILL) -> None:
         os.kill(self.pid(rank), sig)
+
+    @contextlib.contextmanager
+    def stopped(self, rank: int) -> Iterator[None]:
+        """Once every rank has said "ready", holds ``rank`` with SIGSTOP for the body."""
+        for r in range(self.world):
+            self.wait_event(r, "ready", timeout=60)
+        self.kill(rank, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.kill(rank, signal.SIGCONT)
 
     def _pump(self, rank: int, timeout: float) -> bool:
         """Read one message of ``rank`` into its inbox; False on timeout or if it is gone."""
@@ -644,15 +655,10 @@ def test_abort_and_shutdown_with_isend_in_flight(pycomm: ModuleType, method: str
         hang_timeout_s=90,
         destroy=False,  # the worker decides ("exit": leave it to interpreter exit)
     ) as c:
-        for rank in range(2):
-            c.wait_event(rank, "ready", timeout=60)
-        c.kill(1, signal.SIGSTOP)
-        try:
+        with c.stopped(1):
             c.send(0, "go")
             r0 = c.result(0, timeout=40)
             code0, exit0_s = c.wait_exit(0, timeout=EXIT_MAX_S)
-        finally:
-            c.kill(1, signal.SIGCONT)
         c.send(1, "exit")
         r1 = c.result(1, timeout=40)
         code1, exit1_s = c.wait_exit(1, timeout=EXIT_MAX_S)
@@ -747,15 +753,10 @@ def test_abort_from_another_thread_unblocks_collective(pycomm: ModuleType, metho
         _abort_from_thread_worker, 2, args=(method, numel), env={"PYCOMM_TRANSPORT": transport},
         pg_timeout_s=pg_timeout_s, hang_timeout_s=90,
     ) as c:
-        for rank in range(2):
-            c.wait_event(rank, "ready", timeout=60)
-        c.kill(1, signal.SIGSTOP)
-        try:
+        with c.stopped(1):
             c.send(0, "go")
             r0 = c.result(0, timeout=pg_timeout_s + 20)
             code0, _ = c.wait_exit(0, timeout=EXIT_MAX_S)
-        finally:
-            c.kill(1, signal.SIGCONT)
         c.send(1, "exit")
         c.result(1, timeout=40)
         code1, _ = c.wait_exit(1, timeout=EXIT_MAX_S)
@@ -793,17 +794,12 @@ def test_failure_seen_on_another_socket_wakes_a_waiting_reader(pycomm: ModuleTyp
         _mismatch_while_waiting_worker, 3, env={"PYCOMM_TRANSPORT": "tcp"}, pg_timeout_s=pg_timeout_s,
         hang_timeout_s=90,
     ) as c:
-        for rank in range(3):
-            c.wait_event(rank, "ready", timeout=60)
-        c.kill(1, signal.SIGSTOP)
-        try:
+        with c.stopped(1):
             c.send(0, "go")
             time.sleep(STAGGER_S)  # rank 0 is asleep in its wait before rank 2's frame comes
             c.send(2, "go")
             r0 = c.result(0, timeout=pg_timeout_s + 20)
             r2 = c.result(2, timeout=pg_timeout_s + 20)
-        finally:
-            c.kill(1, signal.SIGCONT)
         c.send(1, "exit")
         c.result(1, timeout=40)
     _report(f"gather size mismatch seen on rank 2's socket ended rank 0's wait on rank 1 after "
