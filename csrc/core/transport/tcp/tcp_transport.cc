@@ -89,6 +89,12 @@ bool TcpTransport::handleInput(Peer& peer, Body&& body, std::vector<Completion>*
   return result;
 }
 
+std::unique_lock<std::mutex> TcpTransport::lockReceiveSide(Peer& peer) {
+  std::unique_lock<std::mutex> lock(peer.recvMutex, std::defer_lock);
+  if (inputPeer_ != &peer) lock.lock();  // else this thread holds it already (handleInput)
+  return lock;
+}
+
 TcpTransport::TcpTransport(const TcpOptions& options, Store& store)
     : rank_(options.rank),
       size_(options.size),
@@ -375,9 +381,7 @@ void TcpTransport::abort(const std::string& reason) {
   }
   for (auto& p : peers_) {
     if (!p) continue;
-    // Once this is held no thread is reading into the buffer of the request being received.
-    std::unique_lock<std::mutex> recvLock(p->recvMutex, std::defer_lock);
-    if (inputPeer_ != p.get()) recvLock.lock();  // abort from inside this peer's input handling
+    auto recvLock = lockReceiveSide(*p);
     {
       std::lock_guard<std::mutex> lock(matchMutex_);
       if (p->request) completions.push_back({std::move(p->request), 0, p->rank, error});
@@ -1032,9 +1036,7 @@ void TcpTransport::setCallerReading(Peer& peer, bool reading) {
 
 void TcpTransport::failPeer(Peer& peer, std::exception_ptr error) {
   std::vector<Completion> completions;
-  // peer.request is the receive side's: take it only once no thread is reading into its buffer.
-  std::unique_lock<std::mutex> recvLock(peer.recvMutex, std::defer_lock);
-  if (inputPeer_ != &peer) recvLock.lock();
+  auto recvLock = lockReceiveSide(peer);  // peer.request is the receive side's
   {
     std::lock_guard<std::mutex> lock(matchMutex_);
     if (peer.failure) return;

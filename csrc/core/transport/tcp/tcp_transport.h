@@ -146,6 +146,9 @@ class TcpTransport final : public Transport {
   // `body` returns.
   template <typename Body>
   bool handleInput(Peer& peer, Body&& body, std::vector<Completion>* keep = nullptr);
+  // Holds peer.recvMutex unless this thread already does (inside handleInput for `peer`): once held,
+  // no thread is reading into the buffer of the request being received, so it may be taken.
+  static std::unique_lock<std::mutex> lockReceiveSide(Peer& peer);
   // Reads `peer`'s socket on the calling thread until `request` is done or `deadline` passes; returns
   // early, leaving the rest to the loop, if the peer moves to a ring or the transport stops.
   void readOnCallingThread(Peer& peer, Request& request, Clock::time_point deadline);
