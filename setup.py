@@ -9,10 +9,17 @@ from __future__ import annotations
 import glob
 import os
 
+import torch
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import (
+    CUDA_HOME,
+    BuildExtension,
+    CppExtension,
+    CUDAExtension,
+)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+CXX_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-Wno-unused-parameter"]
 
 
 def sources() -> list[str]:
@@ -21,12 +28,27 @@ def sources() -> list[str]:
     return found
 
 
+def with_cuda() -> bool:
+    """CUDA kernels are built in when torch has CUDA and nvcc is there (PYCOMM_NO_CUDA=1 says no)."""
+    if os.environ.get("PYCOMM_NO_CUDA") == "1":
+        return False
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
 def extension() -> CppExtension:
-    return CppExtension(
+    if not with_cuda():
+        return CppExtension(
+            name="pycomm._C",
+            sources=sources(),
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            extra_compile_args={"cxx": CXX_FLAGS},
+        )
+    return CUDAExtension(
         name="pycomm._C",
-        sources=sources(),
+        sources=sources() + sorted(glob.glob("csrc/cuda/*.cu")),
         include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_compile_args={"cxx": ["-O3", "-std=c++17", "-ffp-contract=off", "-Wno-unused-parameter"]},
+        define_macros=[("PYCOMM_WITH_CUDA", "1")],
+        extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]},
     )
 
 

@@ -27,7 +27,10 @@ __version__ = "0.1.0"
 
 
 def cuda_available() -> bool:
-    """Whether this build of pycomm was compiled with CUDA support."""
+    """Whether this build of pycomm has its CUDA kernels compiled in.
+
+    CUDA tensors are accepted either way (staged through pinned host memory) when torch has CUDA.
+    """
     return bool(_C.cuda_available())
 
 

@@ -166,8 +166,14 @@ PYBIND11_MODULE(_C, m) {
           return out;
         }, py::arg("codec"), py::arg("encoded"), py::arg("count"), "Decode what codec_encode produced.");
 
-  m.def("cuda_available", [] { return false; },
-        "Whether this build of pycomm was compiled with CUDA support.");
+#ifdef PYCOMM_WITH_CUDA
+  constexpr bool kBuiltWithCuda = true;
+#else
+  constexpr bool kBuiltWithCuda = false;
+#endif
+  m.def("cuda_available", [] { return kBuiltWithCuda; },
+        "Whether this build of pycomm has its CUDA kernels compiled in (CUDA tensors are accepted by "
+        "either build when torch has CUDA: they are staged through host memory).");
   m.def("interface_address", &pycomm::transport::tcp::interfaceAddress, py::arg("ifname"),
         "The address of a network interface, as the transport would bind to it.");
   m.def("local_address_toward", &pycomm::transport::tcp::localAddressToward, py::arg("host"),
