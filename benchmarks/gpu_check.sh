@@ -10,6 +10,9 @@
 # tests/cuda/test_element_ops_host.cc, runs first.
 #   --quick         skip the sweeps over all 2^32 fp32 inputs (host and device)
 #   --bench-mib N   fp32 buffer size of the timing section (default 256)
+#   --no-torch      skip the backend part: building the extension against this machine's torch,
+#                   tests/test_cuda_staged.py and benchmarks/cuda_staged.py (all_reduce of CUDA
+#                   tensors at world 2 on one GPU, staged, against gloo), which run last otherwise
 #
 # Output: $OUT/gpu_check.txt if OUT is set (a folder), else benchmarks/results/gpu_check.txt.
 # Build products: build/gpu_check/. Environment: NVCC (default nvcc), GPU_ARCH (default: native,
@@ -22,11 +25,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 QUICK=0
+SKIP_TORCH=0
 TEST_ARGS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) QUICK=1; TEST_ARGS+=(--quick); shift ;;
     --bench-mib) TEST_ARGS+=(--bench-mib "$2"); shift 2 ;;
+    --no-torch) SKIP_TORCH=1; shift ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 1 ;;
   esac
 done
@@ -126,8 +131,42 @@ echo "== device: kernels vs the CPU core ==" | tee -a "$RESULT"
 dev_rc=${PIPESTATUS[0]}
 set -e
 
+# The backend with CUDA tensors (staged through pinned host memory): build the extension against this
+# machine's torch, run the CUDA tests, then time all_reduce at world 2 on this GPU against gloo.
+staged_rc=0
+if [[ $SKIP_TORCH -eq 0 ]] && python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "== backend: CUDA tensors (staged), build ==" | tee -a "$RESULT"
+  set +e
+  MAX_JOBS="$JOBS" python3 -m pip install -q --no-build-isolation --no-deps -e . >"$BUILD/extension.log" 2>&1
+  cuda_ext_rc=$?
+  ext_rc=$cuda_ext_rc
+  tail -n 5 "$BUILD/extension.log" | tee -a "$RESULT"
+  if [[ $cuda_ext_rc -ne 0 ]]; then
+    # The staged path needs no kernels: check it with a CPU-only extension rather than not at all.
+    echo "gpu_check: the CUDA extension did not build; the backend is checked with PYCOMM_NO_CUDA=1" | tee -a "$RESULT"
+    PYCOMM_NO_CUDA=1 MAX_JOBS="$JOBS" python3 -m pip install -q --no-build-isolation --no-deps -e . >>"$BUILD/extension.log" 2>&1
+    ext_rc=$?
+  fi
+  if [[ $ext_rc -eq 0 ]]; then
+    python3 -c 'import pycomm; print("pycomm.cuda_available():", pycomm.cuda_available())' 2>&1 | tee -a "$RESULT"
+    echo "== backend: tests/test_cuda_staged.py ==" | tee -a "$RESULT"
+    python3 -m pytest -q -p no:cacheprovider tests/test_cuda_staged.py 2>&1 | tail -n 30 | tee -a "$RESULT"
+    staged_rc=${PIPESTATUS[0]}
+    echo "== backend: all_reduce, world 2 on one GPU, pycomm (staged) vs gloo ==" | tee -a "$RESULT"
+    python3 benchmarks/cuda_staged.py 2>&1 | tee -a "$RESULT"
+    [[ ${PIPESTATUS[0]} -ne 0 && $staged_rc -eq 0 ]] && staged_rc=1
+    [[ $cuda_ext_rc -ne 0 && $staged_rc -eq 0 ]] && staged_rc=1  # the CUDA extension's build failure stands
+  else
+    staged_rc=1
+  fi
+  set -e
+else
+  echo "== backend: skipped (--no-torch, or torch sees no GPU) ==" | tee -a "$RESULT"
+fi
+
 rc=$dev_rc
 [[ $rc -eq 0 && $host_rc -ne 0 ]] && rc=1
-if [[ $rc -eq 0 ]]; then verdict="PASS"; else verdict="FAIL (host $host_rc, device $dev_rc)"; fi
+[[ $rc -eq 0 && $staged_rc -ne 0 ]] && rc=1
+if [[ $rc -eq 0 ]]; then verdict="PASS"; else verdict="FAIL (host $host_rc, device $dev_rc, backend $staged_rc)"; fi
 echo "gpu_check: $verdict; results in $RESULT" | tee -a "$RESULT"
 exit "$rc"

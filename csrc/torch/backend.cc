@@ -8,6 +8,8 @@
 #include <map>
 #include <optional>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "core/error.h"
 #include "store_adapter.h"
 
@@ -71,8 +73,29 @@ class Validator {
     TORCH_CHECK_VALUE(t.defined(), where(), "got an undefined tensor");
     TORCH_CHECK_VALUE(t.layout() == at::kStrided, where(), "sparse tensors are not supported");
     TORCH_CHECK_VALUE(t.device().is_cpu(), where(), "got a tensor on ", t.device(),
-                      "; this build of pycomm supports CPU tensors only (pycomm.cuda_available() "
-                      "is False)");
+                      "; pycomm supports CPU and CUDA tensors");
+  }
+
+  // The device of an op's tensors if they are not on the CPU: then all on one CUDA device.
+  std::optional<c10::Device> deviceOf(const std::vector<at::Tensor>& tensors) const {
+    std::optional<c10::Device> device;
+    bool anyCpu = false;
+    for (const auto& t : tensors) {
+      if (!t.defined()) continue;
+      if (t.device().is_cpu()) {
+        anyCpu = true;
+        continue;
+      }
+      TORCH_CHECK_VALUE(t.device().is_cuda(), where(), "got a tensor on ", t.device(),
+                        "; pycomm supports CPU and CUDA tensors");
+      TORCH_CHECK_VALUE(t.layout() == at::kStrided, where(), "sparse tensors are not supported");
+      TORCH_CHECK_VALUE(!device || *device == t.device(), where(), "got tensors on ", *device, " and ",
+                        t.device(), "; an op's tensors must be on one device");
+      device = t.device();
+    }
+    TORCH_CHECK_VALUE(!(device && anyCpu), where(), "got tensors on cpu and on ", *device,
+                      "; an op's tensors must be on one device");
+    return device;
   }
 
   const at::Tensor& single(const std::vector<at::Tensor>& tensors) const {
@@ -156,6 +179,25 @@ at::Tensor preScaled(const at::Tensor& t, const ReduceSpec& spec, bool inPlace) 
 
 c10::TypePtr tensorListType() { return c10::ListType::create(c10::TensorType::get()); }
 
+// Every tensor of an op, for the device check.
+std::vector<at::Tensor> allOf(std::initializer_list<std::vector<at::Tensor>> lists,
+                              std::initializer_list<std::vector<std::vector<at::Tensor>>> nested = {}) {
+  std::vector<at::Tensor> all;
+  for (const auto& list : lists) all.insert(all.end(), list.begin(), list.end());
+  for (const auto& outer : nested) {
+    for (const auto& list : outer) all.insert(all.end(), list.begin(), list.end());
+  }
+  return all;
+}
+
+// Set by runStaged for the submit() of the op it runs, on the same thread.
+thread_local std::shared_ptr<DeviceStaging> pendingStaging;
+
+std::vector<std::shared_ptr<DeviceStaging>> stagingsOf(const std::shared_ptr<DeviceStaging>& staging) {
+  if (!staging) return {};
+  return {staging};
+}
+
 // Copies `tensors` end to end into `flat` (their total size). memcpy for contiguous ones: a
 // dispatched copy_ per tensor costs microseconds, which a thousand small gradients add up.
 void packInto(const std::vector<at::Tensor>& tensors, const at::Tensor& flat) {
@@ -215,23 +257,26 @@ void PycommBackend::setAlgorithm(const std::string& name) {
 void PycommBackend::abort() { comm_->abort("abort() was called"); }
 
 void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body,
-                                bool inlineOk) {
+                                bool inlineOk, std::shared_ptr<DeviceStaging> staging) {
   bool coalescing;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     coalescing = coalescing_;
     if (coalescing) coalesced_.push_back(work);
   }
-  auto task = [work, body = std::move(body)] {
+  auto task = [work, body = std::move(body), staging] {
     try {
+      if (staging) staging->copyIn();
       body();
+      if (staging) staging->copyOut();
     } catch (const std::exception&) {
       work->complete(std::current_exception());  // rethrown to the caller by wait()
       return;
     }
     work->complete(nullptr);
   };
-  if (inlineOk && !coalescing) {
+  // A staged op waits for the caller's stream: on the worker, so the caller's thread does not.
+  if (inlineOk && !coalescing && !staging) {
     comm_->runOrEnqueue(std::move(task));
   } else {
     comm_->enqueue(std::move(task));
@@ -241,18 +286,52 @@ void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std:
 c10::intrusive_ptr<PycommWork> PycommBackend::submit(OpType opType, const char* title,
                                                      std::vector<at::Tensor> outputs,
                                                      std::function<void()> body, bool inlineOk) {
+  auto staging = std::exchange(pendingStaging, nullptr);
+  if (staging) {
+    for (auto& t : outputs) t = staging->deviceFor(t);
+  }
   auto work = c10::make_intrusive<PycommWork>(rank_, opType, title, c10::IValue(std::move(outputs)),
-                                              tensorListType());
-  enqueueWork(work, std::move(body), inlineOk);
+                                              tensorListType(), stagingsOf(staging));
+  enqueueWork(work, std::move(body), inlineOk, staging);
   return work;
 }
 
 c10::intrusive_ptr<PycommWork> PycommBackend::submitNested(OpType opType, const char* title,
                                                            std::vector<std::vector<at::Tensor>> outputs,
                                                            std::function<void()> body) {
+  auto staging = std::exchange(pendingStaging, nullptr);
+  if (staging) {
+    for (auto& list : outputs) {
+      for (auto& t : list) t = staging->deviceFor(t);
+    }
+  }
   auto work = c10::make_intrusive<PycommWork>(rank_, opType, title, c10::IValue(std::move(outputs)),
-                                              c10::ListType::create(tensorListType()));
-  enqueueWork(work, std::move(body));
+                                              c10::ListType::create(tensorListType()), stagingsOf(staging));
+  enqueueWork(work, std::move(body), false, staging);
+  return work;
+}
+
+std::shared_ptr<DeviceStaging> PycommBackend::beginStaging(c10::Device device) {
+  c10::Stream stream = [&] {
+    std::lock_guard<std::mutex> lock(streamsMutex_);
+    auto it = commStreams_.find(device.index());
+    if (it == commStreams_.end()) {
+      const c10::impl::VirtualGuardImpl impl(device.type());
+      it = commStreams_.emplace(device.index(), impl.getStreamFromGlobalPool(device, false)).first;
+    }
+    return it->second;
+  }();
+  return std::make_shared<DeviceStaging>(device, stream);
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::runStaged(
+    std::shared_ptr<DeviceStaging> staging, const std::function<c10::intrusive_ptr<::c10d::Work>()>& cpuOp) {
+  struct Handoff {
+    explicit Handoff(std::shared_ptr<DeviceStaging> s) { pendingStaging = std::move(s); }
+    ~Handoff() { pendingStaging = nullptr; }
+  } handoff(std::move(staging));
+  auto work = cpuOp();
+  TORCH_INTERNAL_ASSERT(pendingStaging == nullptr, "pycomm: a staged op did not submit its work");
   return work;
 }
 
@@ -263,20 +342,25 @@ void PycommBackend::startCoalescing() {
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::endCoalescing() {
-  std::vector<c10::intrusive_ptr<::c10d::Work>> works;
+  std::vector<c10::intrusive_ptr<PycommWork>> works;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     coalescing_ = false;
     works.swap(coalesced_);
   }
+  // torch hands the caller this Work in place of the block's: its wait() orders the caller's
+  // stream after every staged op of the block.
+  std::vector<std::shared_ptr<DeviceStaging>> stagings;
+  for (const auto& w : works) stagings.insert(stagings.end(), w->stagings().begin(), w->stagings().end());
   // Queued after every op of the block, so it completes after them; point-to-point ones are waited.
   auto work = c10::make_intrusive<PycommWork>(rank_, OpType::COALESCED, "pycomm:coalesced",
-                                              c10::IValue(std::vector<at::Tensor>{}), tensorListType());
+                                              c10::IValue(std::vector<at::Tensor>{}), tensorListType(),
+                                              std::move(stagings));
   comm_->enqueue([work, works] {
     std::exception_ptr error;
     for (const auto& w : works) {
       try {
-        w->wait();
+        w->waitHost();
       } catch (const std::exception&) {
         if (!error) error = std::current_exception();
       }
@@ -291,6 +375,11 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::endCoalescing() {
 c10::intrusive_ptr<::c10d::Work> PycommBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                           const ::c10d::BroadcastOptions& opts) {
   Validator v(rank_, size_, "broadcast");
+  if (auto device = v.deviceOf(tensors)) {
+    auto staging = beginStaging(*device);
+    auto host = staging->stage(tensors, rank_ == opts.rootRank, rank_ != opts.rootRank);
+    return runStaged(staging, [&] { return broadcast(host, opts); });
+  }
   const at::Tensor& t = v.single(tensors);
   v.root(opts.rootRank);
   const Layout layout = movable(t);
@@ -315,6 +404,11 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
                                                                     const ::c10d::ReduceOp& op,
                                                                     const std::string& codecName) {
   Validator v(rank_, size_, "allreduce");
+  if (auto device = v.deviceOf({tensor})) {
+    auto staging = beginStaging(*device);
+    auto host = staging->stage(tensor, true, true);
+    return runStaged(staging, [&] { return allreduceCompressed(host, op, codecName); });
+  }
   v.tensor(tensor);
   TORCH_CHECK_TYPE(tensor.scalar_type() == at::kFloat, v.where(), "compression needs a float32 tensor, got ",
                    tensor.scalar_type());
@@ -394,6 +488,11 @@ void PycommBackend::allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceO
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                           const ::c10d::AllreduceOptions& opts) {
   Validator v(rank_, size_, "allreduce");
+  if (auto device = v.deviceOf(tensors)) {
+    auto staging = beginStaging(*device);
+    auto host = staging->stage(tensors, true, true);
+    return runStaged(staging, [&] { return allreduce(host, opts); });
+  }
   const at::Tensor& t = v.single(tensors);
   v.reduceOp(opts.reduceOp, t);  // validate now, on the caller's thread
   const ::c10d::ReduceOp op = opts.reduceOp;
@@ -404,6 +503,11 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
   Validator v(rank_, size_, "allreduce_coalesced");
+  if (auto device = v.deviceOf(tensors)) {
+    auto staging = beginStaging(*device);
+    auto host = staging->stage(tensors, true, true);
+    return runStaged(staging, [&] { return allreduce_coalesced(host, opts); });
+  }
   for (const auto& t : tensors) {
     v.tensor(t);
     v.reduceOp(opts.reduceOp, t);
@@ -448,6 +552,11 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
 c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const ::c10d::ReduceOptions& opts) {
   Validator v(rank_, size_, "reduce");
+  if (auto device = v.deviceOf(tensors)) {
+    auto staging = beginStaging(*device);
+    auto host = staging->stage(tensors, true, rank_ == opts.rootRank);
+    return runStaged(staging, [&] { return reduce(host, opts); });
+  }
   const at::Tensor& t = v.single(tensors);
   v.root(opts.rootRank);
   const ReduceSpec spec = v.reduceOp(opts.reduceOp, t);
@@ -470,8 +579,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
-                                                          const ::c10d::AllgatherOptions&) {
+                                                          const ::c10d::AllgatherOptions& opts) {
   Validator v(rank_, size_, "allgather");
+  if (auto device = v.deviceOf(allOf({inputs}, {outputs}))) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(inputs, true, false);
+    auto hostOut = staging->stage(outputs, false, true);
+    return runStaged(staging, [&] { return allgather(hostOut, hostIn, opts); });
+  }
   const at::Tensor& in = v.single(inputs);
   TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_), v.where(),
                     "expects one list of ", size_, " output tensors");
@@ -493,8 +608,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather(std::vector<std::vecto
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                const ::c10d::AllgatherOptions&) {
+                                                                const ::c10d::AllgatherOptions& opts) {
   Validator v(rank_, size_, "allgather_into_tensor");
+  if (auto device = v.deviceOf({input, output})) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(input, true, false);
+    auto hostOut = staging->stage(output, false, true);
+    return runStaged(staging, [&] { return _allgather_base(hostOut, hostIn, opts); });
+  }
   v.tensor(input);
   v.sameType(input, output);
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, v.where(), "output has ", output.numel(),
@@ -516,8 +637,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& outp
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const ::c10d::AllgatherOptions&) {
+    const ::c10d::AllgatherOptions& opts) {
   Validator v(rank_, size_, "allgather_coalesced");
+  if (auto device = v.deviceOf(allOf({inputs}, {outputs}))) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(inputs, true, false);
+    auto hostOut = staging->stage(outputs, false, true);
+    return runStaged(staging, [&] { return allgather_coalesced(hostOut, hostIn, opts); });
+  }
   TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(size_), v.where(), "expects ", size_,
                     " output lists, got ", outputs.size());
   for (const auto& list : outputs) {
@@ -547,8 +674,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather_coalesced(
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::AllgatherOptions&) {
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::AllgatherOptions& opts) {
   Validator v(rank_, size_, "allgather_into_tensor_coalesced");
+  if (auto device = v.deviceOf(allOf({inputs, outputs}))) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(inputs, true, false);
+    auto hostOut = staging->stage(outputs, false, true);
+    return runStaged(staging, [&] { return allgather_into_tensor_coalesced(hostOut, hostIn, opts); });
+  }
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), v.where(), "got ", outputs.size(), " outputs for ",
                     inputs.size(), " inputs");
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -573,6 +706,12 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::gather(std::vector<std::vector<a
                                                        std::vector<at::Tensor>& inputs,
                                                        const ::c10d::GatherOptions& opts) {
   Validator v(rank_, size_, "gather");
+  if (auto device = v.deviceOf(allOf({inputs}, {outputs}))) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(inputs, true, false);
+    auto hostOut = staging->stage(outputs, false, true);
+    return runStaged(staging, [&] { return gather(hostOut, hostIn, opts); });
+  }
   const at::Tensor& in = v.single(inputs);
   v.root(opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
@@ -606,6 +745,12 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::scatter(std::vector<at::Tensor>&
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const ::c10d::ScatterOptions& opts) {
   Validator v(rank_, size_, "scatter");
+  if (auto device = v.deviceOf(allOf({outputs}, {inputs}))) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(inputs, true, false);
+    auto hostOut = staging->stage(outputs, false, true);
+    return runStaged(staging, [&] { return scatter(hostOut, hostIn, opts); });
+  }
   const at::Tensor& out = v.single(outputs);
   v.root(opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
@@ -638,6 +783,12 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const ::c10d::ReduceScatterOptions& opts) {
   Validator v(rank_, size_, "reduce_scatter");
+  if (auto device = v.deviceOf(allOf({outputs}, {inputs}))) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(inputs, true, false);
+    auto hostOut = staging->stage(outputs, false, true);
+    return runStaged(staging, [&] { return reduce_scatter(hostOut, hostIn, opts); });
+  }
   const at::Tensor& out = v.single(outputs);
   TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_), v.where(),
                     "expects one list of ", size_, " input tensors");
@@ -663,6 +814,12 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter(
 c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
   Validator v(rank_, size_, "reduce_scatter_tensor");
+  if (auto device = v.deviceOf({input, output})) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(input, true, false);
+    auto hostOut = staging->stage(output, false, true);
+    return runStaged(staging, [&] { return _reduce_scatter_base(hostOut, hostIn, opts); });
+  }
   v.tensor(output);
   v.sameType(output, input);
   TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, v.where(), "input has ", input.numel(),
@@ -693,6 +850,12 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const ::c10d::ReduceScatterOptions& opts) {
   Validator v(rank_, size_, "reduce_scatter_tensor_coalesced");
+  if (auto device = v.deviceOf(allOf({inputs, outputs}))) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(inputs, true, false);
+    auto hostOut = staging->stage(outputs, false, true);
+    return runStaged(staging, [&] { return reduce_scatter_tensor_coalesced(hostOut, hostIn, opts); });
+  }
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), v.where(), "got ", outputs.size(), " outputs for ",
                     inputs.size(), " inputs");
   std::vector<ReduceSpec> specs;
@@ -760,8 +923,14 @@ void splitLayout(const at::Tensor& t, const std::vector<int64_t>& splits, int si
 c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& outputSplits,
                                                               std::vector<int64_t>& inputSplits,
-                                                              const ::c10d::AllToAllOptions&) {
+                                                              const ::c10d::AllToAllOptions& opts) {
   Validator v(rank_, size_, "alltoall_base");
+  if (auto device = v.deviceOf({input, output})) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(input, true, false);
+    auto hostOut = staging->stage(output, false, true);
+    return runStaged(staging, [&] { return alltoall_base(hostOut, hostIn, outputSplits, inputSplits, opts); });
+  }
   v.tensor(input);
   v.sameType(input, output);
   const Layout layout = movable(input);
@@ -780,8 +949,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall_base(at::Tensor& output
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
-                                                         const ::c10d::AllToAllOptions&) {
+                                                         const ::c10d::AllToAllOptions& opts) {
   Validator v(rank_, size_, "alltoall");
+  if (auto device = v.deviceOf(allOf({inputs, outputs}))) {
+    auto staging = beginStaging(*device);
+    auto hostIn = staging->stage(inputs, true, false);
+    auto hostOut = staging->stage(outputs, false, true);
+    return runStaged(staging, [&] { return alltoall(hostOut, hostIn, opts); });
+  }
   TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(size_) && inputs.size() == outputs.size(),
                     v.where(), "expects ", size_, " input and output tensors, got ", inputs.size(),
                     " and ", outputs.size());
@@ -822,44 +997,65 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::barrier(const ::c10d::BarrierOpt
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   Validator v(rank_, size_, "send");
-  const at::Tensor& t = v.single(tensors);
+  std::shared_ptr<DeviceStaging> staging;
+  std::vector<at::Tensor> host;
+  if (auto device = v.deviceOf(tensors)) {
+    TORCH_CHECK_VALUE(tensors.size() == 1, v.where(), "expects exactly one tensor per rank, got ", tensors.size());
+    staging = beginStaging(*device);
+    host = staging->stage(tensors, true, false);
+  }
+  const at::Tensor& t = v.single(staging ? host : tensors);
   TORCH_CHECK_VALUE(dstRank >= 0 && dstRank < size_ && dstRank != rank_, v.where(), "invalid destination rank ",
                     dstRank, " (group of ", size_, ", this rank ", rank_, ")");
+  // A device tensor's bytes must be on the host before the send is posted: this thread waits for
+  // its stream to get there.
+  if (staging) staging->copyIn();
   at::Tensor flat = t.contiguous();  // kept alive by the Work until the bytes are on the wire
   auto request = comm_->send(flat.data_ptr(), flat.nbytes(), dstRank, static_cast<uint64_t>(tag));
-  auto work = c10::make_intrusive<PointToPointWork>(comm_, request, OpType::SEND, flat,
-                                                    strCat("send to peer ", dstRank, " (tag ", tag, ")"));
+  auto work = c10::make_intrusive<PointToPointWork>(comm_, request, OpType::SEND, staging ? tensors[0] : flat,
+                                                    strCat("send to peer ", dstRank, " (tag ", tag, ")"), staging);
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
   auto* raw = request.get();
-  request->onDone([work, raw] { work->complete(raw->error()); });
+  // The host copy of a device tensor lives as long as the request, which holds this callback.
+  request->onDone([work, raw, flat] { work->complete(raw->error()); });
   return work;
 }
 
-namespace {
-
-c10::intrusive_ptr<::c10d::Work> postReceive(const std::shared_ptr<Communicator>& comm, const at::Tensor& t,
-                                             int srcRank, int tag, std::mutex& mutex, bool coalescing,
-                                             std::vector<c10::intrusive_ptr<::c10d::Work>>& coalesced) {
+c10::intrusive_ptr<::c10d::Work> PycommBackend::postReceive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
+                                                            bool anyPeer) {
+  Validator v(rank_, size_, "recv");
+  std::shared_ptr<DeviceStaging> staging;
+  std::vector<at::Tensor> host;
+  if (auto device = v.deviceOf(tensors)) {
+    TORCH_CHECK_VALUE(tensors.size() == 1, v.where(), "expects exactly one tensor per rank, got ", tensors.size());
+    staging = beginStaging(*device);
+    host = staging->stage(tensors, false, true);
+  }
+  const at::Tensor& t = v.single(staging ? host : tensors);
+  TORCH_CHECK_VALUE(anyPeer || (srcRank >= 0 && srcRank < size_ && srcRank != rank_), v.where(),
+                    "invalid source rank ", srcRank, " (group of ", size_, ", this rank ", rank_, ")");
+  // The copy back may not overwrite the device tensor before the caller's stream is done with it.
+  if (staging) staging->copyIn();
   Contiguous c(t);
-  const int peer = srcRank;
-  auto request = comm->recv(c.flat.data_ptr(), c.flat.nbytes(), peer, static_cast<uint64_t>(tag));
+  auto request = comm_->recv(c.flat.data_ptr(), c.flat.nbytes(), srcRank, static_cast<uint64_t>(tag));
   auto work = c10::make_intrusive<PointToPointWork>(
-      comm, request, peer == transport::Transport::kAnyPeer ? OpType::RECVANYSOURCE : OpType::RECV, t,
-      peer == transport::Transport::kAnyPeer ? strCat("recv from any peer (tag ", tag, ")")
-                                             : strCat("recv from peer ", peer, " (tag ", tag, ")"));
+      comm_, request, anyPeer ? OpType::RECVANYSOURCE : OpType::RECV, staging ? tensors[0] : t,
+      anyPeer ? strCat("recv from any peer (tag ", tag, ")") : strCat("recv from peer ", srcRank, " (tag ", tag, ")"),
+      staging);
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (coalescing) coalesced.push_back(work);
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    if (coalescing_) coalesced_.push_back(work);
   }
   auto* raw = request.get();
-  request->onDone([work, raw, c] {
+  request->onDone([work, raw, c, staging] {
     std::exception_ptr error = raw->error();
     if (!error) {
       try {
         c.copyBack();
+        if (staging) staging->copyOut();
       } catch (const std::exception&) {
         error = std::current_exception();
       }
@@ -869,30 +1065,12 @@ c10::intrusive_ptr<::c10d::Work> postReceive(const std::shared_ptr<Communicator>
   return work;
 }
 
-}  // namespace
-
 c10::intrusive_ptr<::c10d::Work> PycommBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  Validator v(rank_, size_, "recv");
-  const at::Tensor& t = v.single(tensors);
-  TORCH_CHECK_VALUE(srcRank >= 0 && srcRank < size_ && srcRank != rank_, v.where(), "invalid source rank ",
-                    srcRank, " (group of ", size_, ", this rank ", rank_, ")");
-  bool coalescing;
-  {
-    std::lock_guard<std::mutex> lock(coalesceMutex_);
-    coalescing = coalescing_;
-  }
-  return postReceive(comm_, t, srcRank, tag, coalesceMutex_, coalescing, coalesced_);
+  return postReceive(tensors, srcRank, tag, false);
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  Validator v(rank_, size_, "recv");
-  const at::Tensor& t = v.single(tensors);
-  bool coalescing;
-  {
-    std::lock_guard<std::mutex> lock(coalesceMutex_);
-    coalescing = coalescing_;
-  }
-  return postReceive(comm_, t, transport::Transport::kAnyPeer, tag, coalesceMutex_, coalescing, coalesced_);
+  return postReceive(tensors, transport::Transport::kAnyPeer, tag, true);
 }
 
 }  // namespace pycomm::torch_adapter

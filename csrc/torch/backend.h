@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/communicator.h"
+#include "device_staging.h"
 #include "work.h"
 
 namespace pycomm::torch_adapter {
@@ -94,7 +95,15 @@ class PycommBackend final : public ::c10d::Backend {
   c10::intrusive_ptr<PycommWork> submitNested(::c10d::OpType opType, const char* title,
                                               std::vector<std::vector<at::Tensor>> outputs,
                                               std::function<void()> body);
-  void enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body, bool inlineOk = false);
+  void enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body, bool inlineOk,
+                   std::shared_ptr<DeviceStaging> staging);
+  // Device tensors: a staging on the group's communication stream for `device`. runStaged runs the
+  // op's CPU form (`cpuOp`, on the host stand-ins) and the Work it submits adopts the staging.
+  std::shared_ptr<DeviceStaging> beginStaging(c10::Device device);
+  c10::intrusive_ptr<::c10d::Work> runStaged(std::shared_ptr<DeviceStaging> staging,
+                                             const std::function<c10::intrusive_ptr<::c10d::Work>()>& cpuOp);
+  // A receive, posted at once like a send; `anyPeer`: srcRank is Transport::kAnyPeer.
+  c10::intrusive_ptr<::c10d::Work> postReceive(std::vector<at::Tensor>& tensors, int srcRank, int tag, bool anyPeer);
   void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
   // A coalesced bucket of one dtype all-reduced in place, unpacked, when the group's ranks share
   // memory; false (nothing done) otherwise.
@@ -109,8 +118,10 @@ class PycommBackend final : public ::c10d::Backend {
   std::shared_ptr<Communicator> comm_;
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
-  std::vector<c10::intrusive_ptr<::c10d::Work>> coalesced_;
+  std::vector<c10::intrusive_ptr<PycommWork>> coalesced_;
   std::map<at::ScalarType, at::Tensor> bucketStaging_;
+  std::mutex streamsMutex_;
+  std::map<c10::DeviceIndex, c10::Stream> commStreams_;
 };
 
 }  // namespace pycomm::torch_adapter

@@ -1,12 +1,48 @@
 #include "work.h"
 
+#include <c10/core/StreamGuard.h>
+
+#include <algorithm>
+
 namespace pycomm::torch_adapter {
 
+namespace {
+
+std::vector<c10::Device> devicesOf(const std::vector<std::shared_ptr<DeviceStaging>>& stagings) {
+  std::vector<c10::Device> devices;
+  for (const auto& s : stagings) {
+    if (std::find(devices.begin(), devices.end(), s->device()) == devices.end()) devices.push_back(s->device());
+  }
+  return devices;
+}
+
+}  // namespace
+
 PycommWork::PycommWork(int rank, ::c10d::OpType opType, const char* profilingTitle,
-                       c10::IValue outputs, c10::TypePtr futureType)
+                       c10::IValue outputs, c10::TypePtr futureType,
+                       std::vector<std::shared_ptr<DeviceStaging>> stagings)
     : Work(rank, opType, profilingTitle),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(std::move(futureType))) {}
+      stagings_(std::move(stagings)),
+      future_(stagings_.empty()
+                  ? c10::make_intrusive<c10::ivalue::Future>(std::move(futureType))
+                  : c10::make_intrusive<c10::ivalue::Future>(std::move(futureType), devicesOf(stagings_))) {}
+
+bool PycommWork::wait(std::chrono::milliseconds timeout) {
+  const bool completed = Work::wait(timeout);
+  synchronize();  // c10d's wait() calls it too, in the versions that have it: blocking twice is harmless
+  return completed;
+}
+
+void PycommWork::synchronize() {
+  for (const auto& s : stagings_) s->blockCurrentStream();
+}
+
+void PycommWork::waitHost() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return completed_; });
+  if (exception_) std::rethrow_exception(exception_);
+}
 
 std::vector<at::Tensor> PycommWork::result() {
   if (outputs_.isTensorList()) return outputs_.toTensorVector();
@@ -20,6 +56,21 @@ void PycommWork::complete(std::exception_ptr error) {
   finish(error);
   if (error) {
     future_->setError(error);
+  } else if (!stagings_.empty()) {
+    // A device-aware future records its events on the current streams: the ones the copies back
+    // run on.
+    std::vector<c10::Stream> streams;
+    for (const auto& s : stagings_) {
+      if (std::find(streams.begin(), streams.end(), s->stream()) == streams.end()) streams.push_back(s->stream());
+    }
+    try {
+      const c10::MultiStreamGuard guard(streams);
+      future_->markCompleted(outputs_);
+    } catch (const std::exception&) {
+      // A device error while recording the future's events: the future fails instead of never
+      // completing (called from the worker and from transport threads, which must not throw).
+      if (!future_->completed()) future_->setError(std::current_exception());
+    }
   } else {
     future_->markCompleted(outputs_);
   }
@@ -27,23 +78,34 @@ void PycommWork::complete(std::exception_ptr error) {
 
 PointToPointWork::PointToPointWork(std::shared_ptr<Communicator> comm,
                                    std::shared_ptr<transport::Request> request, ::c10d::OpType opType,
-                                   at::Tensor tensor, std::string what)
+                                   at::Tensor tensor, std::string what, std::shared_ptr<DeviceStaging> staging)
     : PycommWork(comm->rank(), opType,
                  opType == ::c10d::OpType::SEND ? "pycomm:send" : "pycomm:recv",
                  c10::IValue(std::vector<at::Tensor>{std::move(tensor)}),
-                 c10::ListType::create(c10::TensorType::get())),
+                 c10::ListType::create(c10::TensorType::get()),
+                 staging ? std::vector<std::shared_ptr<DeviceStaging>>{std::move(staging)}
+                         : std::vector<std::shared_ptr<DeviceStaging>>{}),
       comm_(std::move(comm)),
       request_(std::move(request)),
       what_(std::move(what)) {}
 
-bool PointToPointWork::wait(std::chrono::milliseconds timeout) {
+void PointToPointWork::awaitRequest() {
   try {
     comm_->waitPointToPoint(request_, what_);
   } catch (const std::exception&) {
     complete(std::current_exception());
     throw;
   }
-  return Work::wait(timeout);
+}
+
+bool PointToPointWork::wait(std::chrono::milliseconds timeout) {
+  awaitRequest();
+  return PycommWork::wait(timeout);
+}
+
+void PointToPointWork::waitHost() {
+  awaitRequest();
+  PycommWork::waitHost();
 }
 
 int PointToPointWork::sourceRank() const { return request_->peer(); }

@@ -9,36 +9,52 @@
 #include <memory>
 
 #include "core/communicator.h"
+#include "device_staging.h"
 
 namespace pycomm::torch_adapter {
 
 class PycommWork : public ::c10d::Work {
  public:
   // `outputs` is what the future yields: a list of tensors, or a list of lists for allgather.
+  // `stagings`: device tensors of the op (or of a coalesced block's ops) went through host memory;
+  // the future is then device-aware and wait() orders the caller's current stream after the copies
+  // back.
   PycommWork(int rank, ::c10d::OpType opType, const char* profilingTitle, c10::IValue outputs,
-             c10::TypePtr futureType);
+             c10::TypePtr futureType, std::vector<std::shared_ptr<DeviceStaging>> stagings = {});
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override;
+  // Waits on the host only, with no stream ordered after the op: for pycomm's own worker.
+  virtual void waitHost();
+  const std::vector<std::shared_ptr<DeviceStaging>>& stagings() const { return stagings_; }
 
   // Marks the op done (error == nullptr) or failed, waking waiters and completing the future.
   void complete(std::exception_ptr error);
 
  private:
   c10::IValue outputs_;
+  const std::vector<std::shared_ptr<DeviceStaging>> stagings_;
   std::atomic<bool> completedOnce_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-// A send or receive: completes when its transport request does; waiting honours the group timeout.
+// A send or receive: completes when its transport request does (and, for a staged receive, once
+// the copy back is queued); waiting honours the group timeout.
 class PointToPointWork final : public PycommWork {
  public:
   PointToPointWork(std::shared_ptr<Communicator> comm, std::shared_ptr<transport::Request> request,
-                   ::c10d::OpType opType, at::Tensor tensor, std::string what);
+                   ::c10d::OpType opType, at::Tensor tensor, std::string what,
+                   std::shared_ptr<DeviceStaging> staging = nullptr);
   bool wait(std::chrono::milliseconds timeout) override;
+  void waitHost() override;
   int sourceRank() const override;
 
  private:
+  // Waits for the request with the group's timeout; a failure completes the Work with it.
+  void awaitRequest();
+
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<transport::Request> request_;
   std::string what_;
