@@ -236,3 +236,47 @@ def test_stream_semantics() -> None:
         assert found["future"] == ("cuda", True, float(world * n)), (rank, found)
         assert found["then"] == 3.0 * world, (rank, found)
         assert found["gather_future"] == [float(n * ranks_sum)], (rank, found)
+
+
+DDP_STEPS = 3
+
+
+def _ddp_batch(step: int, rank: int, world: int) -> torch.Tensor:
+    return torch.randn(8, 16, generator=torch.Generator().manual_seed(100 + step * world + rank))
+
+
+def _ddp_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(DDP_STEPS):
+        loss = ddp(_ddp_batch(step, rank, world).to(dev)).square().sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+@needs_gpu
+def test_ddp_on_cuda_matches_single_process_reference() -> None:
+    import_pycomm_or_skip("pytest tests/test_cuda_staged.py")
+    world = 2
+    results = run_ranks(_ddp_worker, world, backend="pycomm", timeout_s=TIMEOUT_S)
+    # Reference: one float64 process averaging the ranks' gradients, as DDP does.
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(16, 4).double()
+    for step in range(DDP_STEPS):
+        grads = []
+        for r in range(world):
+            reference.zero_grad()
+            reference(_ddp_batch(step, r, world).double()).square().sum().backward()
+            grads.append([p.grad.clone() for p in reference.parameters()])
+        with torch.no_grad():
+            for i, p in enumerate(reference.parameters()):
+                p -= 0.1 * sum(g[i] for g in grads) / world
+    expected = {k: v.float() for k, v in reference.state_dict().items()}
+    for rank, state in enumerate(results):
+        for name, value in state.items():
+            assert torch.allclose(value, expected[name], rtol=1e-4, atol=1e-5), (rank, name, value, expected[name])

@@ -142,7 +142,9 @@ class Validator {
         break;
       case ::c10d::ReduceOp::PREMUL_SUM: {
         TORCH_CHECK_TYPE(floating, where(), "PREMUL_SUM needs a floating dtype, got ", t.scalar_type());
-        auto* supplement = dynamic_cast<::c10d::PreMulSumSupplement*>(op.supplement_.get());
+        // Newer torch (2.13) calls it PreMulSumSupplement and keeps the old name as an alias;
+        // torch 2.11 has only the old name.
+        auto* supplement = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
         TORCH_CHECK_VALUE(supplement != nullptr, where(), "PREMUL_SUM without a factor");
         spec.preScale = supplement->tensor_factor.defined()
                             ? supplement->tensor_factor.item<double>()
