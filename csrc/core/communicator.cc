@@ -61,6 +61,7 @@ constexpr size_t kShortMessageBytes = 64 * 1024;
 
 Communicator::Communicator(const Config& config, Store& store)
     : config_(config),
+      prefix_(strCat("[rank ", config.rank, "/", config.size, "]")),
       logger_(config.logLevel, strCat("[rank ", config.rank, "/", config.size, " group ",
                                       config.groupName.empty() ? "default" : config.groupName, "]")),
       timeoutMs_(config.timeout.count()) {
@@ -204,8 +205,6 @@ bool Communicator::runShm(OpSignature signature, const char* algorithm, Body bod
   return true;
 }
 
-std::string Communicator::prefix() const { return strCat("[rank ", rank(), "/", size(), "]"); }
-
 // ---------------------------------------------------------------------------------------------
 // The worker
 
@@ -312,9 +311,12 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   const uint64_t seq = ++seq_;
   const auto start = Clock::now();
   if (transportName == nullptr) transportName = transport_->name();
-  Op op(*transport_, seq, signature, strCat(prefix(), " ", transport::opKindName(signature.kind), "/",
-                                            algorithm, " ", transportName, " seq=", seq),
-        start + timeout(), timeout());
+  // Appended, not streamed: the streams (three per op, with the stats key and the prefix) cost
+  // about a microsecond, a tenth of a 4 KiB all-reduce over shared memory.
+  std::string context = prefix_;
+  context.append(" ").append(transport::opKindName(signature.kind)).append("/").append(algorithm);
+  context.append(" ").append(transportName).append(" seq=").append(std::to_string(seq));
+  Op op(*transport_, seq, signature, std::move(context), start + timeout(), timeout());
   try {
     transport_->beginOp(seq, signature);
     body(op);
@@ -328,7 +330,7 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   if (std::string late = transport_->takeLateFailure(); !late.empty()) throw RemoteError(late);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
   static const char* const kCodecs[] = {"", "/fp16", "/bf16", "/fp8_e4m3", "/fp8_e5m2"};
-  record(strCat(transport::opKindName(signature.kind), kCodecs[signature.codec <= 4 ? signature.codec : 0]),
+  record(std::string(transport::opKindName(signature.kind)).append(kCodecs[signature.codec <= 4 ? signature.codec : 0]),
          op.bytesSent(), op.bytesReceived(), us * 1e-6);
   if (logger_.enabled(LogLevel::kInfo)) {
     logger_.log(LogLevel::kInfo,

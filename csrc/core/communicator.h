@@ -126,9 +126,10 @@ class Communicator {
                              Algorithm algorithm);
   uint8_t* scratch(size_t bytes);
   void workerLoop();
-  std::string prefix() const;
+  const std::string& prefix() const { return prefix_; }
 
   Config config_;
+  const std::string prefix_;  // "[rank r/p]": errors start with it; made once, ops are hot
   Logger logger_;
   std::unique_ptr<transport::Transport> transport_;
   transport::tcp::TcpTransport* tcp_ = nullptr;  // transport_, for moving same-host peers to rings
