@@ -997,16 +997,33 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::barrier(const ::c10d::BarrierOpt
 // ---------------------------------------------------------------------------------------------
 // Point-to-point: posted at once, outside the collective queue.
 
+namespace {
+
+// The one tensor of a send (`sending`) or receive, validated: the caller's, or the host stand-in of
+// a device tensor with its staging.
+struct PointToPointTensor {
+  std::shared_ptr<DeviceStaging> staging;  // null for a CPU tensor
+  at::Tensor tensor;
+};
+
+PointToPointTensor pointToPointTensorOf(const Validator& v, const std::vector<at::Tensor>& tensors, bool sending,
+                                        const std::function<std::shared_ptr<DeviceStaging>(c10::Device)>& beginStaging) {
+  auto device = v.deviceOf(tensors);
+  if (!device) return {nullptr, v.single(tensors)};
+  TORCH_CHECK_VALUE(tensors.size() == 1, v.where(), "expects exactly one tensor per rank, got ", tensors.size());
+  auto staging = beginStaging(*device);
+  at::Tensor host = staging->stage(tensors[0], sending, !sending);
+  v.tensor(host);
+  return {staging, host};
+}
+
+}  // namespace
+
 c10::intrusive_ptr<::c10d::Work> PycommBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   Validator v(rank_, size_, "send");
-  std::shared_ptr<DeviceStaging> staging;
-  std::vector<at::Tensor> host;
-  if (auto device = v.deviceOf(tensors)) {
-    TORCH_CHECK_VALUE(tensors.size() == 1, v.where(), "expects exactly one tensor per rank, got ", tensors.size());
-    staging = beginStaging(*device);
-    host = staging->stage(tensors, true, false);
-  }
-  const at::Tensor& t = v.single(staging ? host : tensors);
+  const auto p2p = pointToPointTensorOf(v, tensors, true, [this](c10::Device d) { return beginStaging(d); });
+  const auto& staging = p2p.staging;
+  const at::Tensor& t = p2p.tensor;
   TORCH_CHECK_VALUE(dstRank >= 0 && dstRank < size_ && dstRank != rank_, v.where(), "invalid destination rank ",
                     dstRank, " (group of ", size_, ", this rank ", rank_, ")");
   // A device tensor's bytes must be on the host before the send is posted: this thread waits for
@@ -1029,14 +1046,9 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::send(std::vector<at::Tensor>& te
 c10::intrusive_ptr<::c10d::Work> PycommBackend::postReceive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                                             bool anyPeer) {
   Validator v(rank_, size_, "recv");
-  std::shared_ptr<DeviceStaging> staging;
-  std::vector<at::Tensor> host;
-  if (auto device = v.deviceOf(tensors)) {
-    TORCH_CHECK_VALUE(tensors.size() == 1, v.where(), "expects exactly one tensor per rank, got ", tensors.size());
-    staging = beginStaging(*device);
-    host = staging->stage(tensors, false, true);
-  }
-  const at::Tensor& t = v.single(staging ? host : tensors);
+  const auto p2p = pointToPointTensorOf(v, tensors, false, [this](c10::Device d) { return beginStaging(d); });
+  const auto& staging = p2p.staging;
+  const at::Tensor& t = p2p.tensor;
   TORCH_CHECK_VALUE(anyPeer || (srcRank >= 0 && srcRank < size_ && srcRank != rank_), v.where(),
                     "invalid source rank ", srcRank, " (group of ", size_, ", this rank ", rank_, ")");
   // The copy back may not overwrite the device tensor before the caller's stream is done with it.
