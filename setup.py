@@ -32,7 +32,7 @@ def with_cuda() -> bool:
     """CUDA kernels are built in when torch has CUDA and nvcc is there (PYCOMM_NO_CUDA=1 says no)."""
     if os.environ.get("PYCOMM_NO_CUDA") == "1":
         return False
-    return torch.version.cuda is not None and CUDA_HOME is not None
+    return torch.version.cuda is not None and CUDA_HOME is not None and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc"))
 
 
 def extension() -> CppExtension:

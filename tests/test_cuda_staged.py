@@ -2,9 +2,10 @@
 
 The device checks run only where torch sees a GPU (benchmarks/gpu_check.sh runs this file there);
 every rank uses cuda:0, the case the staged path exists for. Results are compared on the CPU with a
-float64 reference; the stream tests make the caller's stream slow (torch.cuda._sleep) right before
-or after an op, so an op that did not wait for the caller's stream, or a wait() that did not order
-the caller's stream after the copies back, reads or leaves the wrong values.
+float64 reference. The stream tests make the caller's stream slow (torch.cuda._sleep) right before
+an op, so an op that did not wait for the caller's stream reads the old values; and they read a
+64 MiB result on a side stream right after wait(), so a wait() that did not order that stream
+after the copy back (milliseconds long) would most likely read the old values.
 
 Tensors on other devices never reach the backend (torch answers meta tensors itself, say), so
 without a GPU nothing here runs.
@@ -84,6 +85,58 @@ def _collectives_worker(rank: int, world: int) -> list[str]:
         else:
             note(f"reduce n={n} non-root", check_equal(red.cpu(), inputs[rank]))
 
+        # List forms: reduce_scatter, all_to_all, gather, scatter.
+        blocks = [f.reshape(world, n) for f in full]  # blocks[r][q]: rank r's block for rank q
+        rsl = torch.full((n,), float("nan"), device=dev)
+        dist.reduce_scatter(rsl, [b.to(dev) for b in blocks[rank]])
+        note(f"reduce_scatter list n={n}", check_reduced(rsl.cpu(), [b[rank] for b in blocks], "sum"))
+        a2al = [torch.full((n,), float("nan"), device=dev) for _ in range(world)]
+        dist.all_to_all(a2al, [b.to(dev) for b in blocks[rank]])
+        for q in range(world):
+            note(f"all_to_all list n={n} from {q}", check_equal(a2al[q].cpu(), blocks[q][rank]))
+        root = world - 1
+        gathered = [torch.full((n,), float("nan"), device=dev) for _ in range(world)] if rank == root else None
+        dist.gather(inputs[rank].to(dev), gathered, dst=root)
+        if gathered is not None:
+            for q in range(world):
+                note(f"gather n={n} from {q}", check_equal(gathered[q].cpu(), inputs[q]))
+        scattered = torch.full((n,), float("nan"), device=dev)
+        dist.scatter(scattered, [b.to(dev) for b in blocks[0]] if rank == 0 else None, src=0)
+        note(f"scatter n={n}", check_equal(scattered.cpu(), blocks[0][rank]))
+
+    # The compressed all-reduce runs the CPU codec on the staged copy: bit for bit what the same
+    # call gives on CPU tensors.
+    import pycomm
+
+    for codec in ("fp16", "bf16", "fp8_e4m3"):
+        data = input_for(41, rank, (70001,), torch.float32, "sum")
+        on_cpu = data.clone()
+        pycomm.all_reduce(on_cpu, compression=codec)
+        on_gpu = data.to(dev)
+        pycomm.all_reduce(on_gpu, compression=codec)
+        note(f"compressed {codec} vs CPU", check_equal(on_gpu.cpu(), on_cpu))
+
+    # Coalesced gathers and reduce-scatters of tensors (the fast paths of the coalescing manager).
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    ins = [torch.full((k + 2,), float(rank + k), device=dev) for k in range(3)]
+    outs = [torch.empty((k + 2) * world, device=dev) for k in range(3)]
+    with _coalescing_manager(device=dev, async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    cm.wait()
+    for k, o in enumerate(outs):
+        want = torch.cat([torch.full((k + 2,), float(r + k)) for r in range(world)])
+        note(f"coalesced all_gather_into_tensor {k}", check_equal(o.cpu(), want))
+    rs_in = [torch.full(((k + 2) * world,), float(rank + 1), device=dev) for k in range(3)]
+    rs_out = [torch.empty(k + 2, device=dev) for k in range(3)]
+    with _coalescing_manager(device=dev, async_ops=True) as cm:
+        for o, i in zip(rs_out, rs_in):
+            dist.reduce_scatter_tensor(o, i)
+    cm.wait()
+    for k, o in enumerate(rs_out):
+        note(f"coalesced reduce_scatter_tensor {k}", check_equal(o.cpu(), torch.full((k + 2,), world * (world + 1) / 2)))
+
     # Point to point, alone and batched in a ring (receive first on every rank).
     x = torch.arange(1000, dtype=torch.float32, device=dev) + rank
     if rank == 0:
@@ -98,8 +151,6 @@ def _collectives_worker(rank: int, world: int) -> list[str]:
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     note("batch ring", check_equal(recv_buf.cpu(), torch.full((777,), float((rank - 1) % world))))
-
-    from torch.distributed.distributed_c10d import _coalescing_manager
 
     # The same ring inside a coalescing block: the block's Work orders the caller's stream after the
     # receive's copy back. The send is a non-contiguous view (every other element).
@@ -199,10 +250,11 @@ def _streams_worker(rank: int, world: int) -> dict[str, Any]:
     w2.wait()
     w1.wait()
     found["chained"] = float(t.min().item()), float(t.max().item())
-    # 3. wait() orders the caller's stream (here a side stream) after the copies back.
+    # 3. wait() orders the caller's stream (here a side stream) after the copies back; 64 MiB, so
+    # that the copy back is still running when the host returns from wait().
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        u = torch.full((n,), float(rank), device=dev)
+        u = torch.full((16 * n,), float(rank), device=dev)
         work = dist.all_reduce(u, async_op=True)
         work.wait()
         doubled = u * 2  # queued on `side`; must see the reduced values

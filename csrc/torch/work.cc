@@ -35,6 +35,13 @@ bool PycommWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void PycommWork::synchronize() {
+  if (stagings_.empty()) return;
+  // The event the stream waits for is recorded when the op completes: a caller that did not wait
+  // first (c10d allows synchronize() without it) waits here, on the host, for that.
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return completed_; });
+  }
   for (const auto& s : stagings_) s->blockCurrentStream();
 }
 
