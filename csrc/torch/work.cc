@@ -28,19 +28,15 @@ PycommWork::PycommWork(int rank, ::c10d::OpType opType, const char* profilingTit
                   ? c10::make_intrusive<c10::ivalue::Future>(std::move(futureType))
                   : c10::make_intrusive<c10::ivalue::Future>(std::move(futureType), devicesOf(stagings_))) {}
 
-bool PycommWork::wait(std::chrono::milliseconds timeout) {
-  const bool completed = Work::wait(timeout);
-  synchronize();  // c10d's wait() calls it too, in the versions that have it: blocking twice is harmless
-  return completed;
-}
-
 void PycommWork::synchronize() {
+  Work::synchronize();
   if (stagings_.empty()) return;
-  // The event the stream waits for is recorded when the op completes: a caller that did not wait
-  // first (c10d allows synchronize() without it) waits here, on the host, for that.
+  // The event the stream waits for is recorded just before the op completes: a caller that did not
+  // wait first (c10d allows synchronize() without it) waits here, on the host, for that. Not on
+  // Work's own mutex: c10d's wait() holds it while it calls this.
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return completed_; });
+    std::unique_lock<std::mutex> lock(copiesMutex_);
+    copiesCv_.wait(lock, [&] { return copiesQueued_; });
   }
   for (const auto& s : stagings_) s->blockCurrentStream();
 }
@@ -60,6 +56,13 @@ void PycommWork::complete(std::exception_ptr error) {
   // A send or receive can fail by timeout on the waiting thread and then be failed again by the
   // transport; only the first outcome counts.
   if (completedOnce_.exchange(true)) return;
+  if (!stagings_.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(copiesMutex_);
+      copiesQueued_ = true;
+    }
+    copiesCv_.notify_all();
+  }
   finish(error);
   if (error) {
     future_->setError(error);

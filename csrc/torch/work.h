@@ -5,8 +5,10 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 
 #include "core/communicator.h"
 #include "device_staging.h"
@@ -24,7 +26,8 @@ class PycommWork : public ::c10d::Work {
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override;
-  bool wait(std::chrono::milliseconds timeout) override;
+  // c10d's wait() calls this once the op completed: the caller's current stream then waits for the
+  // copies back of a staged op.
   void synchronize() override;
   // Waits on the host only, with no stream ordered after the op: for pycomm's own worker.
   virtual void waitHost();
@@ -36,6 +39,10 @@ class PycommWork : public ::c10d::Work {
  private:
   c10::IValue outputs_;
   const std::vector<std::shared_ptr<DeviceStaging>> stagings_;
+  // Staged ops: set once the copies back are queued (their `done` events recorded).
+  std::mutex copiesMutex_;
+  std::condition_variable copiesCv_;
+  bool copiesQueued_ = false;
   std::atomic<bool> completedOnce_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
