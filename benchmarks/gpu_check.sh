@@ -177,7 +177,7 @@ else
   if [[ $ext_rc -eq 0 ]]; then
     python3 -c 'import pycomm; print("pycomm.cuda_available():", pycomm.cuda_available())' 2>&1 | tee -a "$RESULT"
     echo "== backend: tests/test_cuda_staged.py ==" | tee -a "$RESULT"
-    python3 -m pytest -q -p no:cacheprovider tests/test_cuda_staged.py 2>&1 | tail -n 30 | tee -a "$RESULT"
+    python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_staged.py 2>&1 | tail -n 30 | tee -a "$RESULT"
     staged_rc=${PIPESTATUS[0]}
     echo "== backend: all_reduce, world 2 on one GPU, pycomm (staged) vs gloo ==" | tee -a "$RESULT"
     python3 benchmarks/cuda_staged.py 2>&1 | tee -a "$RESULT"

@@ -22,7 +22,9 @@ from mp import run_ranks
 from reference import check_equal, check_reduced, input_for
 from support import future_tensors, import_pycomm_or_skip, reduce_op
 
-TIMEOUT_S = 180.0
+# Short: a hang here costs a scarce GPU session. The group timeout bounds every wait inside.
+TIMEOUT_S = 90.0
+PG_TIMEOUT_S = 30.0
 SIZES = (0, 1, 1021, 65537)
 # Enough GPU cycles that the caller's stream is still busy when the op is issued (about 50 ms).
 SLEEP_CYCLES = 100_000_000
@@ -229,7 +231,7 @@ def _collectives_worker(rank: int, world: int) -> list[str]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_collectives_on_cuda_tensors(world: int) -> None:
     import_pycomm_or_skip("pytest tests/test_cuda_staged.py")
-    for rank, problems in enumerate(run_ranks(_collectives_worker, world, backend="pycomm", timeout_s=TIMEOUT_S)):
+    for rank, problems in enumerate(run_ranks(_collectives_worker, world, backend="pycomm", timeout_s=TIMEOUT_S, pg_timeout_s=PG_TIMEOUT_S)):
         assert not problems, f"rank {rank}: {problems}"
 
 
@@ -279,7 +281,7 @@ def test_stream_semantics() -> None:
     import_pycomm_or_skip("pytest tests/test_cuda_staged.py")
     world = 2
     n = 1 << 20
-    for rank, found in enumerate(run_ranks(_streams_worker, world, backend="pycomm", timeout_s=TIMEOUT_S)):
+    for rank, found in enumerate(run_ranks(_streams_worker, world, backend="pycomm", timeout_s=TIMEOUT_S, pg_timeout_s=PG_TIMEOUT_S)):
         total = world * (world + 1) / 2
         assert found["after_busy_stream"] == (total, total), (rank, found)
         assert found["chained"] == (world * world, world * world), (rank, found)
@@ -315,7 +317,7 @@ def _ddp_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
 def test_ddp_on_cuda_matches_single_process_reference() -> None:
     import_pycomm_or_skip("pytest tests/test_cuda_staged.py")
     world = 2
-    results = run_ranks(_ddp_worker, world, backend="pycomm", timeout_s=TIMEOUT_S)
+    results = run_ranks(_ddp_worker, world, backend="pycomm", timeout_s=TIMEOUT_S, pg_timeout_s=PG_TIMEOUT_S)
     # Reference: one float64 process averaging the ranks' gradients, as DDP does.
     torch.manual_seed(0)
     reference = torch.nn.Linear(16, 4).double()

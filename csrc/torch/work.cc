@@ -1,5 +1,6 @@
 #include "work.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 
 #include <algorithm>
@@ -30,10 +31,24 @@ PycommWork::PycommWork(int rank, ::c10d::OpType opType, const char* profilingTit
 
 void PycommWork::synchronize() {
   Work::synchronize();
+  orderCurrentStreamAfterCopies();
+}
+
+void PycommWork::blockCurrentStream() {
+  if (stagings_.empty()) {
+    Work::blockCurrentStream();
+    return;
+  }
+  // c10d's version releases the stream when the future completes, which is not ordered after the
+  // copies back on the communication stream.
+  orderCurrentStreamAfterCopies();
+}
+
+void PycommWork::orderCurrentStreamAfterCopies() {
   if (stagings_.empty()) return;
   // The event the stream waits for is recorded just before the op completes: a caller that did not
   // wait first (c10d allows synchronize() without it) waits here, on the host, for that. Not on
-  // Work's own mutex: c10d's wait() holds it while it calls this.
+  // Work's own mutex: c10d's wait() holds it while it calls synchronize().
   {
     std::unique_lock<std::mutex> lock(copiesMutex_);
     copiesCv_.wait(lock, [&] { return copiesQueued_; });
@@ -74,6 +89,8 @@ void PycommWork::complete(std::exception_ptr error) {
       if (std::find(streams.begin(), streams.end(), s->stream()) == streams.end()) streams.push_back(s->stream());
     }
     try {
+      // The future keeps the current device for its callbacks: the op's, not this thread's.
+      const c10::DeviceGuard device(stagings_.front()->device());
       const c10::MultiStreamGuard guard(streams);
       future_->markCompleted(outputs_);
     } catch (const std::exception&) {

@@ -29,6 +29,7 @@ class PycommWork : public ::c10d::Work {
   // c10d's wait() calls this once the op completed: the caller's current stream then waits for the
   // copies back of a staged op.
   void synchronize() override;
+  void blockCurrentStream() override;
   // Waits on the host only, with no stream ordered after the op: for pycomm's own worker.
   virtual void waitHost();
   const std::vector<std::shared_ptr<DeviceStaging>>& stagings() const { return stagings_; }
@@ -37,6 +38,10 @@ class PycommWork : public ::c10d::Work {
   void complete(std::exception_ptr error);
 
  private:
+  // Staged ops: waits (host) until the copies back are queued, then orders the current stream
+  // after them.
+  void orderCurrentStreamAfterCopies();
+
   c10::IValue outputs_;
   const std::vector<std::shared_ptr<DeviceStaging>> stagings_;
   // Staged ops: set once the copies back are queued (their `done` events recorded).
