@@ -21,12 +21,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pycomm.bench.sizes import parse_size
+
 WORLD = 2
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def time_backend(group: dist.ProcessGroup, nbytes: int, iters: int, reps: int) -> tuple[float, bool]:
