@@ -104,6 +104,53 @@ def test_ddp_training(backend: str) -> None:
         _assert_close(results[0], gloo[0], 1e-6, f"{backend} vs gloo")
 
 
+# ---------------------------------------------------------------- DDP + PowerSGD
+# torch's PowerSGD hook issues all-reduces from future callbacks and waits for them inside the
+# callback. Lossy, so the reference is the same hook on gloo: same seeds, same batches, same math.
+POWERSGD_WORLD = 3
+POWERSGD_STEPS = 6
+
+
+def _powersgd_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp(DDP_SIZES))
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=2,
+        start_powerSGD_iter=2,  # two plain all-reduce steps, then compressed ones
+        min_compression_rate=1.0,
+    )
+    model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    _train(
+        model,
+        POWERSGD_STEPS,
+        lambda s: _batch(s, rank, DDP_SIZES[0], DDP_SIZES[-1]),
+        lr=0.1,
+    )
+    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+
+def test_ddp_powersgd_hook(pycomm: object) -> None:
+    results = run_ranks(
+        _powersgd_worker,
+        POWERSGD_WORLD,
+        backend="pycomm",
+        timeout_s=TIMEOUT_S,
+        pg_timeout_s=30,
+    )
+    for rank in range(1, POWERSGD_WORLD):
+        _assert_close(results[0], results[rank], 0.0, f"pycomm rank 0 vs rank {rank}")
+    initial = _mlp(DDP_SIZES).state_dict()
+    moved = _max_diff(results[0], initial)
+    assert all(d > 0 for d in moved.values()), f"some parameters never changed: {moved}"
+    gloo = run_ranks(
+        _powersgd_worker, POWERSGD_WORLD, backend="gloo", timeout_s=TIMEOUT_S
+    )
+    _assert_close(results[0], gloo[0], 1e-5, "pycomm vs gloo, PowerSGD")
+
+
 # ---------------------------------------------------------------- FSDP2
 FSDP_SIZES = (16, 32, 32, 8)
 FSDP_STEPS = 10

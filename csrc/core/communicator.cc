@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "algorithms/binomial.h"
 #include "algorithms/chain.h"
@@ -208,7 +209,45 @@ bool Communicator::runShm(OpSignature signature, const char* algorithm, Body bod
 // ---------------------------------------------------------------------------------------------
 // The worker
 
+namespace {
+
+// The communicator whose task this thread is running, if any. A task's last act is to complete its
+// Work, whose future runs the callbacks attached to it on this thread; an op a callback issues (DDP's
+// PowerSGD hook issues one and waits for it) would queue behind the very task that waits for it.
+thread_local const Communicator* runningTaskOf = nullptr;
+
+class RunningTask {
+ public:
+  explicit RunningTask(const Communicator* comm) : previous_(std::exchange(runningTaskOf, comm)) {}
+  ~RunningTask() { runningTaskOf = previous_; }
+  RunningTask(const RunningTask&) = delete;
+  RunningTask& operator=(const RunningTask&) = delete;
+
+ private:
+  const Communicator* previous_;
+};
+
+}  // namespace
+
+bool Communicator::runIfNested(const std::function<void()>& task) {
+  if (runningTaskOf != this) return false;
+  // Issued from inside a task: run it now, before the tasks queued behind the running one. Every
+  // rank completes the running op at the same point of its sequence, so every rank runs this op at
+  // the same point too.
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix(), " the process group was shut down");
+  }
+  try {
+    task();
+  } catch (const std::exception& e) {
+    logger_.warn(strCat("a nested task threw: ", e.what()));
+  }
+  return true;
+}
+
 void Communicator::enqueue(std::function<void()> task) {
+  if (runIfNested(task)) return;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix(), " the process group was shut down");
@@ -218,6 +257,7 @@ void Communicator::enqueue(std::function<void()> task) {
 }
 
 void Communicator::runOrEnqueue(std::function<void()> task) {
+  if (runIfNested(task)) return;
   {
     std::unique_lock<std::mutex> lock(queueMutex_);
     PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix(), " the process group was shut down");
@@ -230,6 +270,7 @@ void Communicator::runOrEnqueue(std::function<void()> task) {
     running_ = true;
   }
   try {
+    const RunningTask running(this);
     task();
   } catch (const std::exception& e) {
     logger_.warn(strCat("an inline task threw: ", e.what()));
@@ -259,6 +300,7 @@ void Communicator::workerLoop() {
       running_ = true;
     }
     try {
+      const RunningTask running(this);
       task();
     } catch (const std::exception& e) {
       // Tasks report their errors through their Work; one escaping here is a bug worth seeing.

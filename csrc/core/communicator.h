@@ -48,7 +48,8 @@ class Communicator {
   const Config& config() const { return config_; }
   const Logger& logger() const { return logger_; }
 
-  // Runs `task` on the worker thread after every task enqueued before it.
+  // Runs `task` on the worker thread after every task enqueued before it. Called from inside a
+  // running task (a completion callback), both run `task` at once on the calling thread.
   void enqueue(std::function<void()> task);
   // For a caller that will wait anyway: runs `task` on the calling thread when nothing is queued
   // or running (so issue order holds), which saves two thread hand-offs; otherwise enqueues it.
@@ -126,6 +127,8 @@ class Communicator {
                              Algorithm algorithm);
   uint8_t* scratch(size_t bytes);
   void workerLoop();
+  // Runs `task` now and returns true if this thread is running one of this communicator's tasks.
+  bool runIfNested(const std::function<void()>& task);
   const std::string& prefix() const { return prefix_; }
 
   Config config_;

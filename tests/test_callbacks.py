@@ -1,0 +1,126 @@
+"""Future callbacks that issue collectives and wait for them, as DDP's PowerSGD hook does.
+
+A callback runs on the thread that completes the op. In pycomm that is the thread that runs the
+group's ops in issue order, so an op issued from a callback must run there and then, not queue
+behind the op whose completion is running the callback. Results are integers: checked exactly
+against values computed here.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from mp import run_ranks
+
+TIMEOUT_S = 120
+PG_TIMEOUT_S = 30  # a deadlock fails as a timeout well inside TIMEOUT_S
+N = 1021  # prime: not divisible by the world size
+
+
+def _all_reduce_now(value: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    t = value.clone()
+    return dist.all_reduce(t, async_op=True).get_future().wait()[0]
+
+
+def _callbacks_worker(rank: int, world: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    base = torch.arange(N, dtype=torch.int64) * (rank + 1)
+    a = base.clone()
+    fut_a = dist.all_reduce(a, async_op=True).get_future()
+
+    # Two chained callbacks, each issuing a collective and waiting for it inside the callback.
+    def double_and_sum(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        return _all_reduce_now(f.value()[0] * 2)
+
+    def broadcast_from_last(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        t = f.value() + rank  # differs per rank until the broadcast
+        dist.broadcast(t, src=world - 1, async_op=True).get_future().wait()
+        return t
+
+    chained = fut_a.then(double_and_sum).then(broadcast_from_last)
+
+    # Issued after the callbacks were attached: on every rank it runs after the ops they issue.
+    b = torch.full((N,), rank + 7, dtype=torch.int64)
+    work_b = dist.all_reduce(b, async_op=True)
+
+    # A callback whose op has its own callback that issues a third op (nesting two deep).
+    c = torch.full((3,), rank, dtype=torch.int64)
+
+    def nested(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        inner = f.value()[0].clone()
+        inner_fut = dist.all_reduce(inner, async_op=True).get_future()
+        return inner_fut.then(lambda g: _all_reduce_now(g.value()[0] + 1)).wait()
+
+    nested_fut = dist.all_reduce(c, async_op=True).get_future().then(nested)
+
+    # A callback attached after its op completed runs on this thread, at once.
+    d = torch.ones(5, dtype=torch.int64)
+    work_d = dist.all_reduce(d, async_op=True)
+    work_d.wait()
+    late = work_d.get_future().then(lambda f: _all_reduce_now(f.value()[0])).wait()
+
+    chained_value = chained.wait()
+    work_b.wait()
+    return {
+        "a": a,
+        "chained": chained_value,
+        "b": b,
+        "nested": nested_fut.wait(),
+        "late": late,
+    }
+
+
+def _expected(world: int) -> dict[str, torch.Tensor]:
+    idx = torch.arange(N, dtype=torch.int64)
+    a = idx * sum(r + 1 for r in range(world))
+    chained = world * (2 * a) + (world - 1)
+    b = torch.full((N,), sum(r + 7 for r in range(world)), dtype=torch.int64)
+    c = torch.full((3,), sum(range(world)), dtype=torch.int64)
+    nested = world * (world * c + 1)
+    late = torch.full((5,), world * world, dtype=torch.int64)
+    return {"a": a, "chained": chained, "b": b, "nested": nested, "late": late}
+
+
+def _check(results: list[dict[str, Any]], world: int) -> None:
+    expected = _expected(world)
+    for rank, got in enumerate(results):
+        for key, want in expected.items():
+            assert torch.equal(got[key], want), (
+                f"rank {rank}: {key} = {got[key][:8].tolist()}..., expected {want[:8].tolist()}..."
+            )
+
+
+# pycomm only. gloo numbers an op when it is issued and runs ops on two threads, so in gloo this
+# program's ops can get different numbers on different ranks: a callback attached before its op
+# completes issues its op later (on a worker thread) than one attached after. gloo hangs on it at
+# world 3 (observed with torch 2.13). pycomm runs ops, and the callbacks that complete them, in
+# one order on one thread, so every rank runs a callback's op at the same point.
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_callbacks_issue_collectives(pycomm: ModuleType, world: int) -> None:
+    results = run_ranks(
+        _callbacks_worker,
+        world,
+        backend="pycomm",
+        timeout_s=TIMEOUT_S,
+        pg_timeout_s=PG_TIMEOUT_S,
+    )
+    _check(results, world)
+
+
+def test_callbacks_issue_collectives_over_tcp(pycomm: ModuleType) -> None:
+    world = 3
+    results = run_ranks(
+        _callbacks_worker,
+        world,
+        backend="pycomm",
+        timeout_s=TIMEOUT_S,
+        pg_timeout_s=PG_TIMEOUT_S,
+        pg_options=pycomm.Options(transport="tcp", algorithm="rhd"),
+    )
+    _check(results, world)
