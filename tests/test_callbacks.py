@@ -124,3 +124,29 @@ def test_callbacks_issue_collectives_over_tcp(pycomm: ModuleType) -> None:
         pg_options=pycomm.Options(transport="tcp", algorithm="rhd"),
     )
     _check(results, world)
+
+
+def _value_after_wait_worker(rank: int, world: int) -> int:
+    import torch.distributed as dist
+
+    wrong = 0
+    for i in range(2000):
+        t = torch.full((7,), i + rank, dtype=torch.int64)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        # wait() returned, so the future must hold the value already (no wait on it here).
+        value = work.get_future().value()[0]
+        if int(value[0]) != world * i + sum(range(world)):
+            wrong += 1
+    return wrong
+
+
+def test_future_value_right_after_wait(pycomm: ModuleType) -> None:
+    results = run_ranks(
+        _value_after_wait_worker,
+        2,
+        backend="pycomm",
+        timeout_s=TIMEOUT_S,
+        pg_timeout_s=PG_TIMEOUT_S,
+    )
+    assert results == [0, 0], f"wrong values per rank: {results}"

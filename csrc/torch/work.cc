@@ -62,6 +62,8 @@ void PycommWork::waitHost() {
   if (exception_) std::rethrow_exception(exception_);
 }
 
+PycommWork::FinishOnExit::~FinishOnExit() { work_.finish(error_); }
+
 std::vector<at::Tensor> PycommWork::result() {
   if (outputs_.isTensorList()) return outputs_.toTensorVector();
   return {};
@@ -78,7 +80,9 @@ void PycommWork::complete(std::exception_ptr error) {
     }
     copiesCv_.notify_all();
   }
-  finish(error);
+  // The future first, then the Work (gloo's order): a caller that wait() wakes may read the
+  // future's value at once. The future's callbacks run here; the Work finishes however they end.
+  const FinishOnExit finishOnExit(*this, error);
   if (error) {
     future_->setError(error);
   } else if (!stagings_.empty()) {

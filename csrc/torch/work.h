@@ -42,6 +42,19 @@ class PycommWork : public ::c10d::Work {
   // after them.
   void orderCurrentStreamAfterCopies();
 
+  // Finishes the Work (wakes wait()) when it goes out of scope.
+  class FinishOnExit {
+   public:
+    FinishOnExit(PycommWork& work, std::exception_ptr error) : work_(work), error_(std::move(error)) {}
+    ~FinishOnExit();
+    FinishOnExit(const FinishOnExit&) = delete;
+    FinishOnExit& operator=(const FinishOnExit&) = delete;
+
+   private:
+    PycommWork& work_;
+    const std::exception_ptr error_;
+  };
+
   c10::IValue outputs_;
   const std::vector<std::shared_ptr<DeviceStaging>> stagings_;
   // Staged ops: set once the copies back are queued (their `done` events recorded).
