@@ -267,6 +267,10 @@ void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std:
     if (coalescing) coalesced_.push_back(work);
   }
   auto task = [work, body = std::move(body), staging] {
+    // Results are written below autograd, as a backend does (gloo writes through raw pointers): a
+    // leaf that requires grad (a parameter, non-contiguous here) may be written, and so may a
+    // tensor made under inference mode, which this thread (the worker, usually) is not in.
+    const at::AutoDispatchBelowADInplaceOrView belowAutograd;
     try {
       if (staging) staging->copyIn();
       body();
@@ -1068,6 +1072,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::postReceive(std::vector<at::Tens
     std::exception_ptr error = raw->error();
     if (!error) {
       try {
+        const at::AutoDispatchBelowADInplaceOrView belowAutograd;  // as in enqueueWork's tasks
         c.copyBack();
         if (staging) staging->copyOut();
       } catch (const std::exception&) {
