@@ -45,9 +45,10 @@ def extension() -> CppExtension:
         )
     return CUDAExtension(
         name="pycomm._C",
-        sources=sources() + sorted(glob.glob("csrc/cuda/*.cu")),
+        sources=sources() + sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/*.cc")),
         include_dirs=[os.path.join(ROOT, "csrc")],
         define_macros=[("PYCOMM_WITH_CUDA", "1")],
+        libraries=["dl"],  # NCCL is loaded at run time (csrc/cuda/nccl_library.cc)
         extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]},
     )
 

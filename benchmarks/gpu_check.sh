@@ -11,8 +11,9 @@
 #   --quick         skip the sweeps over all 2^32 fp32 inputs (host and device)
 #   --bench-mib N   fp32 buffer size of the timing section (default 256)
 #   --no-torch      skip the backend part: building the extension against this machine's torch,
-#                   tests/test_cuda_staged.py and benchmarks/cuda_staged.py (all_reduce of CUDA
-#                   tensors at world 2 on one GPU, staged, against gloo), which run last otherwise
+#                   tests/test_cuda_staged.py, tests/test_cuda_nccl.py and benchmarks/cuda_staged.py
+#                   (all_reduce of CUDA tensors at world 2 on one GPU, staged, against gloo), which
+#                   run last otherwise
 #   --backend-only  skip the kernel part (for a rerun of the backend part alone)
 #
 # Rough times on a 16-core machine with an H200: kernel build about a minute, kernel checks with
@@ -179,6 +180,10 @@ else
     echo "== backend: tests/test_cuda_staged.py ==" | tee -a "$RESULT"
     python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_staged.py 2>&1 | tail -n 30 | tee -a "$RESULT"
     staged_rc=${PIPESTATUS[0]}
+    # NCCL needs the CUDA extension; on one GPU the test gives each rank its own NCCL_HOSTID.
+    echo "== backend: tests/test_cuda_nccl.py (all_reduce and broadcast over NCCL point-to-point) ==" | tee -a "$RESULT"
+    python3 -m pytest -q -p no:cacheprovider tests/test_cuda_nccl.py 2>&1 | tail -n 30 | tee -a "$RESULT"
+    [[ ${PIPESTATUS[0]} -ne 0 && $staged_rc -eq 0 ]] && staged_rc=1
     echo "== backend: all_reduce, world 2 on one GPU, pycomm (staged) vs gloo ==" | tee -a "$RESULT"
     python3 benchmarks/cuda_staged.py 2>&1 | tee -a "$RESULT"
     [[ ${PIPESTATUS[0]} -ne 0 && $staged_rc -eq 0 ]] && staged_rc=1

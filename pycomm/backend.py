@@ -86,6 +86,7 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         "bind_host": bind_address(options, store),
         "algorithm": options.algorithm,
         "transport": options.transport,
+        "cuda_transport": options.cuda_transport,
         "host_id": host_id(),
         "compression": options.compression,
         "chunk_bytes": options.chunk_bytes,

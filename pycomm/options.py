@@ -9,6 +9,7 @@ from typing import Any
 
 ALGORITHMS = ("auto", "ring", "tree", "rhd")
 TRANSPORTS = ("auto", "tcp", "shm")
+CUDA_TRANSPORTS = ("auto", "nccl", "staged")
 COMPRESSIONS = ("none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 DEFAULT_CHUNK_BYTES = 512 * 1024
@@ -19,6 +20,7 @@ ENVIRONMENT = {
     "algorithm": "PYCOMM_ALGO",
     "compression": "PYCOMM_COMPRESSION",
     "transport": "PYCOMM_TRANSPORT",
+    "cuda_transport": "PYCOMM_CUDA_TRANSPORT",
     "socket_ifname": "PYCOMM_SOCKET_IFNAME",
     "chunk_bytes": "PYCOMM_CHUNK_BYTES",
     "bucket_bytes": "PYCOMM_BUCKET_BYTES",
@@ -63,6 +65,9 @@ class Options:
     bucket_bytes: int | None = None  # all_reduce_coalesced fuses tensors into buckets this large
     timeout: datetime.timedelta | float | None = None  # overrides init_process_group's timeout
     debug: str | None = None  # WARN, INFO (one line per op), TRACE
+    # CUDA tensors: auto (NCCL point-to-point when every rank has a GPU of its own and NCCL loads,
+    # else staged through host memory), nccl (NCCL or an error), staged
+    cuda_transport: str | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -74,6 +79,8 @@ class Options:
             self.compression = _choice("compression", self.compression, COMPRESSIONS)
         if self.transport is not None:
             self.transport = _choice("transport", self.transport, TRANSPORTS)
+        if self.cuda_transport is not None:
+            self.cuda_transport = _choice("cuda_transport", self.cuda_transport, CUDA_TRANSPORTS)
         if self.debug is not None:
             self.debug = _choice("debug level", self.debug, DEBUG_LEVELS)
         if self.chunk_bytes is not None:
@@ -91,6 +98,7 @@ class Options:
                 values[field] = os.environ[variable]
         values["algorithm"] = values["algorithm"] or "auto"
         values["transport"] = values["transport"] or "auto"
+        values["cuda_transport"] = values["cuda_transport"] or "auto"
         values["compression"] = values["compression"] or "none"
         values["chunk_bytes"] = values["chunk_bytes"] or DEFAULT_CHUNK_BYTES
         values["bucket_bytes"] = values["bucket_bytes"] or DEFAULT_BUCKET_BYTES

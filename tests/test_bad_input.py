@@ -207,6 +207,7 @@ def test_silent_peer_times_out(
     [
         ("algorithm", ("auto", "ring")),
         ("transport", ("auto", "tcp", "shm")),
+        ("cuda_transport", ("auto", "nccl", "staged")),
         ("debug", ("WARN", "INFO", "TRACE")),
     ],
 )

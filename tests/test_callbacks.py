@@ -101,27 +101,20 @@ def _check(results: list[dict[str, Any]], world: int) -> None:
 # completes issues its op later (on a worker thread) than one attached after. gloo hangs on it at
 # world 3 (observed with torch 2.13). pycomm runs ops, and the callbacks that complete them, in
 # one order on one thread, so every rank runs a callback's op at the same point.
-@pytest.mark.parametrize("world", [1, 3, 4])
-def test_callbacks_issue_collectives(pycomm: ModuleType, world: int) -> None:
+@pytest.mark.parametrize(
+    ("world", "transport"), [(1, None), (3, None), (4, None), (3, "tcp")]
+)
+def test_callbacks_issue_collectives(
+    pycomm: ModuleType, world: int, transport: str | None
+) -> None:
+    options = pycomm.Options(transport=transport, algorithm="rhd") if transport else None
     results = run_ranks(
         _callbacks_worker,
         world,
         backend="pycomm",
         timeout_s=TIMEOUT_S,
         pg_timeout_s=PG_TIMEOUT_S,
-    )
-    _check(results, world)
-
-
-def test_callbacks_issue_collectives_over_tcp(pycomm: ModuleType) -> None:
-    world = 3
-    results = run_ranks(
-        _callbacks_worker,
-        world,
-        backend="pycomm",
-        timeout_s=TIMEOUT_S,
-        pg_timeout_s=PG_TIMEOUT_S,
-        pg_options=pycomm.Options(transport="tcp", algorithm="rhd"),
+        pg_options=options,
     )
     _check(results, world)
 

@@ -18,6 +18,9 @@ enum class Algorithm { kAuto, kRing, kTree, kRhd };
 // auto: shared memory among ranks on one host, TCP otherwise; tcp: sockets everywhere; shm: shared
 // memory, and an error at setup if the group's ranks are not all on one host.
 enum class TransportKind { kAuto, kTcp, kShm };
+// How the adapter moves CUDA tensors: NCCL point-to-point when it can (kAuto), always (kNccl), or
+// through host memory and the transports above (kStaged). The core itself never sees a device.
+enum class DeviceTransport { kAuto, kNccl, kStaged };
 
 // Fitted constants of one all-reduce algorithm: seconds per step and per byte a rank moves.
 struct AlgorithmCost {
@@ -57,6 +60,7 @@ struct Config {
   // Address to listen on; the adapter resolves it from the interface or the rendezvous host.
   std::string bindHost = "127.0.0.1";
   TransportKind transport = TransportKind::kAuto;
+  DeviceTransport deviceTransport = DeviceTransport::kAuto;
   // Ranks with equal host ids share memory (the Python layer derives it from the host, its boot and
   // its network namespace; PYCOMM_HOST_ID overrides).
   std::string hostId;

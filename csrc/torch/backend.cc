@@ -13,6 +13,15 @@
 #include "core/error.h"
 #include "store_adapter.h"
 
+#if PYCOMM_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include <future>
+
+#include "cuda/device_collectives.h"
+#include "cuda/nccl_comm.h"
+#endif
+
 namespace pycomm::torch_adapter {
 namespace {
 
@@ -96,6 +105,13 @@ class Validator {
     TORCH_CHECK_VALUE(!(device && anyCpu), where(), "got tensors on cpu and on ", *device,
                       "; an op's tensors must be on one device");
     return device;
+  }
+
+  // One tensor, of any device deviceOf() accepted.
+  const at::Tensor& one(const std::vector<at::Tensor>& tensors) const {
+    TORCH_CHECK_VALUE(tensors.size() == 1, where(), "expects exactly one tensor per rank, got ",
+                      tensors.size());
+    return tensors[0];
   }
 
   const at::Tensor& single(const std::vector<at::Tensor>& tensors) const {
@@ -242,6 +258,7 @@ PycommBackend::PycommBackend(const c10::intrusive_ptr<::c10d::Store>& store, con
     : Backend(config.rank, config.size) {
   C10dStore adapter(store);
   comm_ = std::make_shared<Communicator>(config, adapter);
+  store_ = store;
 }
 
 PycommBackend::~PycommBackend() { comm_->shutdown(); }
@@ -256,7 +273,13 @@ void PycommBackend::setAlgorithm(const std::string& name) {
   comm_->enqueue([comm, algorithm] { comm->setAlgorithm(algorithm); });
 }
 
-void PycommBackend::abort() { comm_->abort("abort() was called"); }
+void PycommBackend::abort() {
+#if PYCOMM_WITH_CUDA
+  // The worker may be waiting for an NCCL op: it aborts the NCCL communicator itself.
+  if (auto nccl = std::atomic_load(&nccl_)) nccl->requestAbort();
+#endif
+  comm_->abort("abort() was called");
+}
 
 void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body,
                                 bool inlineOk, std::shared_ptr<DeviceStaging> staging) {
@@ -341,6 +364,132 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::runStaged(
   return work;
 }
 
+std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
+#if PYCOMM_WITH_CUDA
+  std::lock_guard<std::mutex> lock(deviceRouteMutex_);
+  const std::string where = strCat("pycomm [rank ", rank_, "/", size_, "] ");
+  // A failed decision or NCCL setup fails every later CUDA collective the same way: deciding
+  // again on one rank alone would part it from the others.
+  if (deviceRouteError_) std::rethrow_exception(deviceRouteError_);
+  if (!deviceRouteDecided_) try {
+    // What each rank brings: whether it can use NCCL, and which GPU on which host it has.
+    struct Record {
+      char canUseNccl;
+      char askedForNccl;  // cuda_transport=nccl
+      char busId[30];
+      char host[96];
+    };
+    Record mine{};
+    std::string why;
+    const DeviceTransport setting = comm_->config().deviceTransport;
+    mine.askedForNccl = setting == DeviceTransport::kNccl;
+    if (setting == DeviceTransport::kStaged) {
+      why = "cuda_transport=staged";
+    } else {
+      try {
+        cuda::NcclLibrary::load();
+        mine.canUseNccl = 1;
+      } catch (const Error& e) {
+        why = e.what();  // every rank learns it from the exchange below, and all stage (or fail)
+      }
+    }
+    TORCH_CHECK(cudaDeviceGetPCIBusId(mine.busId, sizeof(mine.busId), device.index()) == cudaSuccess, where,
+                "cannot read the PCI bus id of ", device);
+    // The host identity the shared-memory transport uses (host, boot, network namespace).
+    std::strncpy(mine.host, comm_->config().hostId.c_str(), sizeof(mine.host) - 1);
+    std::vector<Record> all(size_);
+    // Through the worker, in issue order with the group's other ops.
+    std::promise<void> exchanged;
+    comm_->runOrEnqueue([&] {
+      try {
+        comm_->allgather(&mine, all.data(), sizeof(Record), DataType::kUInt8);
+        exchanged.set_value();
+      } catch (const std::exception&) {
+        exchanged.set_exception(std::current_exception());
+      }
+    });
+    exchanged.get_future().get();
+    // Several ranks on one GPU is NCCL's one refusal that can be seen beforehand; auto stages
+    // then. cuda_transport=nccl skips the check: NCCL runs ranks on one GPU when NCCL_HOSTID
+    // differs from rank to rank (it takes them for separate hosts), which is how the tests run it
+    // on one GPU.
+    // Decided from the gathered records only, so every rank decides alike.
+    bool askedForNccl = false;
+    for (const auto& record : all) askedForNccl = askedForNccl || record.askedForNccl;
+    const bool allowSameGpu = askedForNccl;
+    bool useNccl = true;
+    for (int r = 0; r < size_ && useNccl; ++r) {
+      if (!all[r].canUseNccl) {
+        useNccl = false;
+        if (why.empty()) why = strCat("rank ", r, " cannot use NCCL");
+      }
+      for (int q = 0; q < r && useNccl && !allowSameGpu; ++q) {
+        if (std::strncmp(all[q].host, all[r].host, sizeof(Record::host)) == 0 &&
+            std::strncmp(all[q].busId, all[r].busId, sizeof(Record::busId)) == 0) {
+          useNccl = false;
+          why = strCat("ranks ", q, " and ", r, " share the GPU ", all[r].busId, " (NCCL needs one per rank)");
+        }
+      }
+    }
+    TORCH_CHECK(useNccl || !askedForNccl, where, "cuda_transport=nccl, but ", why);
+    if (useNccl) {
+      C10dStore adapter(store_);
+      std::atomic_store(&nccl_, std::make_shared<cuda::NcclComm>(cuda::NcclLibrary::load(), adapter, "pycomm/nccl",
+                                                                 rank_, size_, device.index(), comm_->timeout()));
+    }
+    deviceRouteDecided_ = true;
+    if (useNccl) {
+      comm_->logger().log(LogLevel::kInfo, strCat("CUDA all-reduce and broadcast run over NCCL point-to-point (",
+                                  cuda::NcclLibrary::load().path(), ", version ", cuda::NcclLibrary::load().version(), ")"));
+    } else {
+      comm_->logger().log(LogLevel::kInfo, strCat("CUDA collectives are staged through host memory: ", why));
+    }
+  } catch (const std::exception&) {
+    deviceRouteError_ = std::current_exception();
+    throw;
+  }
+  if (!nccl_) return nullptr;
+  TORCH_CHECK_VALUE(device.index() == nccl_->device(), where, "this group's NCCL communicator is on cuda:",
+                    nccl_->device(), ", the op's tensors on ", device, "; a group uses one GPU per rank");
+  return nccl_;
+#else
+  (void)device;
+  TORCH_CHECK(comm_->config().deviceTransport != DeviceTransport::kNccl, "pycomm [rank ", rank_, "/", size_,
+              "] cuda_transport=nccl, but this build of pycomm has no CUDA (pycomm.cuda_available() is False)");
+  return nullptr;
+#endif
+}
+
+c10::intrusive_ptr<::c10d::Work> PycommBackend::submitOnDevice(OpType opType, const char* title, const at::Tensor& t,
+                                                               std::shared_ptr<cuda::NcclComm> nccl,
+                                                               std::function<void(void* stream)> body) {
+#if PYCOMM_WITH_CUDA
+  auto staging = beginStaging(t.device());  // the caller's stream now; nothing is staged
+  staging->recordUse(t);
+  auto comm = comm_;
+  return runStaged(staging, [&] {
+    return submit(opType, title, {t}, [staging, nccl, body = std::move(body), comm, title] {
+      // The worker's copyIn() has ordered the stream after the caller's; allocations made here
+      // (contiguous copies, scratch) belong to it.
+      const c10::StreamGuard guard(staging->stream());
+      void* stream = staging->stream().native_handle();
+      try {
+        body(stream);
+        nccl->waitFor(static_cast<cudaStream_t>(stream), comm->timeout(), title);
+      } catch (const std::exception&) {
+        // Part of the schedule may be queued: the peers' next steps would pair with the wrong
+        // transfers. The group's CUDA collectives fail from here on.
+        nccl->abort();
+        throw;
+      }
+    });
+  });
+#else
+  (void)opType, (void)title, (void)t, (void)nccl, (void)body;
+  TORCH_INTERNAL_ASSERT(false, "pycomm: a device collective in a build without CUDA");
+#endif
+}
+
 void PycommBackend::startCoalescing() {
   std::lock_guard<std::mutex> lock(coalesceMutex_);
   coalescing_ = true;
@@ -382,6 +531,20 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::broadcast(std::vector<at::Tensor
                                                           const ::c10d::BroadcastOptions& opts) {
   Validator v(rank_, size_, "broadcast");
   if (auto device = v.deviceOf(tensors)) {
+    if (auto nccl = ncclFor(*device)) {
+      const at::Tensor& t = v.one(tensors);
+      v.root(opts.rootRank);
+      const int root = static_cast<int>(opts.rootRank);
+      const size_t chunkBytes = comm_->config().chunkBytes;
+      return submitOnDevice(OpType::BROADCAST, "pycomm:broadcast", t, nccl, [t, nccl, root, chunkBytes](void* stream) {
+#if PYCOMM_WITH_CUDA
+        Contiguous c(t);
+        cuda::chainBroadcast(*nccl, c.flat.data_ptr(), c.flat.nbytes(), root, chunkBytes,
+                             static_cast<cudaStream_t>(stream));
+        c.copyBack();
+#endif
+      });
+    }
     auto staging = beginStaging(*device);
     auto host = staging->stage(tensors, rank_ == opts.rootRank, rank_ != opts.rootRank);
     return runStaged(staging, [&] { return broadcast(host, opts); });
@@ -495,6 +658,26 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor
                                                           const ::c10d::AllreduceOptions& opts) {
   Validator v(rank_, size_, "allreduce");
   if (auto device = v.deviceOf(tensors)) {
+    auto nccl = ncclFor(*device);
+    if (nccl && !compressionFor(v.one(tensors), &opts.reduceOp)) {
+      const at::Tensor& t = v.one(tensors);
+      const ReduceSpec spec = v.reduceOp(opts.reduceOp, t);
+      const DataType dtype = v.reducible(t);
+      const int size = size_;
+      return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce", t, nccl, [t, nccl, spec, dtype, size](void* stream) {
+#if PYCOMM_WITH_CUDA
+        Contiguous c(t);
+        preScaled(c.flat, spec, true);
+        const size_t count = static_cast<size_t>(c.flat.numel());
+        at::Tensor scratch = at::empty({static_cast<int64_t>(cuda::ringAllreduceScratchBytes(count, size, dtype))},
+                                       c.flat.options().dtype(at::kByte));
+        cuda::ringAllreduce(*nccl, c.flat.data_ptr(), scratch.data_ptr(), count, dtype, spec.op,
+                            static_cast<cudaStream_t>(stream));
+        if (spec.average) applyAverage(c.flat, size);
+        c.copyBack();
+#endif
+      });
+    }
     auto staging = beginStaging(*device);
     auto host = staging->stage(tensors, true, true);
     return runStaged(staging, [&] { return allreduce(host, opts); });

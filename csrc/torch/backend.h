@@ -15,6 +15,10 @@
 #include "device_staging.h"
 #include "work.h"
 
+namespace pycomm::cuda {
+class NcclComm;  // csrc/cuda/nccl_comm.h, in CUDA builds only
+}
+
 namespace pycomm::torch_adapter {
 
 class PycommBackend final : public ::c10d::Backend {
@@ -102,6 +106,17 @@ class PycommBackend final : public ::c10d::Backend {
   std::shared_ptr<DeviceStaging> beginStaging(c10::Device device);
   c10::intrusive_ptr<::c10d::Work> runStaged(std::shared_ptr<DeviceStaging> staging,
                                              const std::function<c10::intrusive_ptr<::c10d::Work>()>& cpuOp);
+  // The group's NCCL communicator for collectives on `device`, or null when they are staged. The
+  // first call decides for the whole group (collective: every rank's first all-reduce or broadcast
+  // of a CUDA tensor calls it at the same point of its sequence): NCCL when every rank can load it
+  // and has a GPU of its own, staging otherwise. Needs a CUDA build; null in a CPU one.
+  std::shared_ptr<cuda::NcclComm> ncclFor(c10::Device device);
+  // A collective on one CUDA tensor run by `body` on the communication stream (passed as a
+  // cudaStream_t cast to void*): ordered after the caller's stream, waited for by the worker with
+  // the group's timeout, and the Work orders the caller's stream after it like a staged op's.
+  c10::intrusive_ptr<::c10d::Work> submitOnDevice(::c10d::OpType opType, const char* title, const at::Tensor& t,
+                                                  std::shared_ptr<cuda::NcclComm> nccl,
+                                                  std::function<void(void* stream)> body);
   // A receive, posted at once like a send; `anyPeer`: srcRank is Transport::kAnyPeer.
   c10::intrusive_ptr<::c10d::Work> postReceive(std::vector<at::Tensor>& tensors, int srcRank, int tag, bool anyPeer);
   void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
@@ -122,6 +137,12 @@ class PycommBackend final : public ::c10d::Backend {
   std::map<at::ScalarType, at::Tensor> bucketStaging_;
   std::mutex streamsMutex_;
   std::map<c10::DeviceIndex, c10::Stream> commStreams_;
+  // The rendezvous store, kept for the NCCL communicator's setup (made at the first CUDA collective).
+  c10::intrusive_ptr<::c10d::Store> store_;
+  std::mutex deviceRouteMutex_;
+  bool deviceRouteDecided_ = false;
+  std::exception_ptr deviceRouteError_;
+  std::shared_ptr<cuda::NcclComm> nccl_;  // null: CUDA collectives are staged; set once (atomic_store)
 };
 
 }  // namespace pycomm::torch_adapter

@@ -21,12 +21,18 @@ at::Tensor DeviceStaging::stage(const at::Tensor& deviceTensor, bool read, bool 
   at::Tensor host = at::empty(deviceTensor.sizes(),
                               deviceTensor.options().device(at::kCPU).pinned_memory(true).memory_format(
                                   at::MemoryFormat::Contiguous));
+  recordUse(deviceTensor);
+  entries_.push_back({deviceTensor, host, read, write});
+  return host;
+}
+
+void DeviceStaging::recordUse(const at::Tensor& deviceTensor) {
+  TORCH_INTERNAL_ASSERT(deviceTensor.device() == device_, "using a tensor on ", deviceTensor.device(),
+                        " for an op on ", device_);
   if (deviceTensor.storage().data_ptr().get() != nullptr) {
     const c10::impl::VirtualGuardImpl impl(device_.type());
     impl.recordDataPtrOnStream(deviceTensor.storage().data_ptr(), stream_);
   }
-  entries_.push_back({deviceTensor, host, read, write});
-  return host;
 }
 
 std::vector<at::Tensor> DeviceStaging::stage(const std::vector<at::Tensor>& deviceTensors, bool read,

@@ -45,6 +45,9 @@ class DeviceStaging {
   std::vector<at::Tensor> stage(const std::vector<at::Tensor>& deviceTensors, bool read, bool write);
   std::vector<std::vector<at::Tensor>> stage(const std::vector<std::vector<at::Tensor>>& deviceTensors,
                                              bool read, bool write);
+  // A device tensor the op uses on the communication stream directly (no stand-in): the caching
+  // allocator is told, as for staged ones.
+  void recordUse(const at::Tensor& deviceTensor);
   // The device tensor `host` stands in for, or `host` itself if it is none of this op's.
   at::Tensor deviceFor(const at::Tensor& host) const;
 

@@ -33,6 +33,18 @@ T required(const py::dict& config, const char* key) {
   return config[key].cast<T>();
 }
 
+// The value named by the string config[key]; a ValueError listing the names otherwise.
+template <typename Enum>
+Enum choice(const py::dict& config, const char* key, std::initializer_list<std::pair<const char*, Enum>> options) {
+  const auto value = required<std::string>(config, key);
+  std::string valid;
+  for (const auto& [name, e] : options) {
+    if (value == name) return e;
+    valid += (valid.empty() ? "" : ", ") + std::string(name);
+  }
+  throw py::value_error("unknown " + std::string(key) + " '" + value + "' (valid: " + valid + ")");
+}
+
 // The Python layer (pycomm/backend.py) resolves options and the environment into this dict.
 Config parseConfig(int rank, int size, const py::dict& config) {
   Config c;
@@ -47,16 +59,13 @@ Config parseConfig(int rank, int size, const py::dict& config) {
     throw py::value_error(e.what());
   }
   c.chunkBytes = required<size_t>(config, "chunk_bytes");
-  const auto transport = required<std::string>(config, "transport");
-  if (transport == "auto") {
-    c.transport = pycomm::TransportKind::kAuto;
-  } else if (transport == "tcp") {
-    c.transport = pycomm::TransportKind::kTcp;
-  } else if (transport == "shm") {
-    c.transport = pycomm::TransportKind::kShm;
-  } else {
-    throw py::value_error("unknown transport '" + transport + "' (valid: auto, tcp, shm)");
-  }
+  c.transport = choice<pycomm::TransportKind>(config, "transport", {{"auto", pycomm::TransportKind::kAuto},
+                                                                     {"tcp", pycomm::TransportKind::kTcp},
+                                                                     {"shm", pycomm::TransportKind::kShm}});
+  c.deviceTransport = choice<pycomm::DeviceTransport>(config, "cuda_transport",
+                                                      {{"auto", pycomm::DeviceTransport::kAuto},
+                                                       {"nccl", pycomm::DeviceTransport::kNccl},
+                                                       {"staged", pycomm::DeviceTransport::kStaged}});
   c.hostId = required<std::string>(config, "host_id");
   c.bucketBytes = required<size_t>(config, "bucket_bytes");
   c.logLevel = parseLogLevel(required<std::string>(config, "debug"));

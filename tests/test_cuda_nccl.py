@@ -1,0 +1,122 @@
+"""CUDA all-reduce and broadcast over NCCL point-to-point, with pycomm's schedules and kernels.
+
+Needs a CUDA build of pycomm, a GPU and NCCL (torch's CUDA wheels bring it). NCCL refuses two
+ranks on one GPU of one host, so on a one-GPU machine every rank sets NCCL_HOSTID to a value of its
+own: NCCL then takes the ranks for separate hosts and connects them over its socket transport on
+loopback. `cuda_transport="nccl"` makes pycomm use NCCL or fail (it never falls back to staging),
+so a passing test ran the NCCL path.
+
+Checks: every dtype and reduce op pycomm reduces, against a float64 reference; float32 SUM bit for
+bit against the CPU ring at the same world size (same segments, same order of additions, kernels
+bit-identical to the CPU reduction); broadcast from every root in several chunks; the caller's
+stream semantics (an op issued while the stream is still busy reads the final value).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from mp import run_ranks
+from reference import check_equal, check_reduced, input_for
+from support import import_pycomm_or_skip, reduce_op
+
+TIMEOUT_S = 120.0
+PG_TIMEOUT_S = 30.0
+SIZES = (0, 1, 7, 1021, 65537)
+SLEEP_CYCLES = 100_000_000
+CHUNK_BYTES = 4096  # broadcasts of the larger sizes go down the chain in many chunks
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+CASES = (
+    (torch.float32, "sum"), (torch.float32, "avg"), (torch.float32, "max"), (torch.float32, "product"),
+    (torch.float64, "min"), (torch.float16, "sum"), (torch.bfloat16, "sum"), (torch.int8, "sum"),
+    (torch.uint8, "max"), (torch.int16, "min"), (torch.int32, "sum"), (torch.int64, "band"),
+    (torch.int64, "bxor"), (torch.int32, "bor"), (torch.bool, "sum"), (torch.float32, "premul_sum"),
+)
+
+
+def _nccl_worker(rank: int, world: int) -> list[str]:
+    dev = torch.device("cuda", 0)
+    problems: list[str] = []
+
+    def note(what: str, outcome: str | None) -> None:
+        if outcome:
+            problems.append(f"{what}: {outcome}")
+
+    import pycomm
+
+    cpu_ring = dist.new_group(
+        backend="pycomm", pg_options=pycomm.Options(transport="tcp", algorithm="ring")
+    )
+    for n in SIZES:
+        for dtype, op in CASES:
+            inputs = [input_for(11 + n, r, (n,), dtype, op) for r in range(world)]
+            t = inputs[rank].to(dev)
+            dist.all_reduce(t, op=reduce_op(op))
+            note(f"all_reduce {dtype} {op} n={n}", check_reduced(t.cpu(), inputs, op))
+
+        inputs = [input_for(17 + n, r, (n,), torch.float32, "sum") for r in range(world)]
+        on_gpu = inputs[rank].to(dev)
+        dist.all_reduce(on_gpu)
+        on_cpu = inputs[rank].clone()
+        dist.all_reduce(on_cpu, group=cpu_ring)
+        if not torch.equal(on_gpu.cpu().view(torch.int32), on_cpu.view(torch.int32)):
+            problems.append(f"all_reduce float32 n={n}: bits differ from the CPU ring's")
+
+        wide = torch.zeros(2 * n, device=dev)
+        wide[::2] = inputs[rank].to(dev)
+        dist.all_reduce(wide[::2], op=dist.ReduceOp.AVG)
+        note(f"all_reduce strided avg n={n}", check_reduced(wide[::2].cpu(), inputs, "avg"))
+        note(f"all_reduce strided n={n} gaps", None if bool((wide[1::2] == 0).all()) else "gaps written")
+
+        for root in range(world):
+            b = inputs[rank].to(dev)
+            dist.broadcast(b, src=root)
+            note(f"broadcast n={n} root {root}", check_equal(b.cpu(), inputs[root]))
+
+    # Issued while the caller's stream is still busy writing the input: the op must wait for it.
+    x = torch.zeros(1 << 20, device=dev)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    x.fill_(rank + 1)
+    work = dist.all_reduce(x, async_op=True)
+    work.wait()
+    expected = float(sum(range(1, world + 1)))
+    if not bool((x == expected).all()):
+        problems.append(f"all_reduce after a busy stream: {x[:4].tolist()}, expected {expected}")
+    return problems
+
+
+def _spawn(world: int) -> list[Any]:
+    pycomm = import_pycomm_or_skip("pytest tests/test_cuda_nccl.py")
+    if not pycomm.cuda_available():
+        pytest.skip("pycomm was built without CUDA")
+    return run_ranks(
+        _nccl_rank,
+        world,
+        backend="pycomm",
+        timeout_s=TIMEOUT_S,
+        pg_timeout_s=PG_TIMEOUT_S,
+        pg_options=pycomm.Options(cuda_transport="nccl", chunk_bytes=CHUNK_BYTES),
+    )
+
+
+def _nccl_rank(rank: int, world: int) -> list[str]:
+    # Read by NCCL at its first call, which comes after this: pycomm sets NCCL up at the first
+    # CUDA collective.
+    os.environ["NCCL_HOSTID"] = f"pycomm-test-rank-{rank}"
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_IB_DISABLE", "1")
+    return _nccl_worker(rank, world)
+
+
+@needs_gpu
+@pytest.mark.parametrize("world", [2, 3])
+def test_nccl_collectives(world: int) -> None:
+    results = _spawn(world)
+    problems = [p for per_rank in results for p in per_rank]
+    assert not problems, "\n".join(problems[:40])
