@@ -654,9 +654,71 @@ void PycommBackend::allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceO
   c.copyBack();
 }
 
+void PycommBackend::allreduceSparseNow(const at::Tensor& tensor) {
+  const at::Tensor input = tensor.coalesce();
+  const at::Tensor indices = input._indices().contiguous();  // [sparse_dim, nnz], int64
+  const at::Tensor values = input._values().contiguous();    // [nnz, dense dims...]
+  // Every rank's nnz and shape, so mismatched shapes fail here rather than in the sum.
+  constexpr int kMaxDims = 8;
+  std::vector<int64_t> header(4 + kMaxDims, -1);
+  header[0] = values.size(0);
+  header[1] = input.sparse_dim();
+  header[2] = input.dense_dim();
+  header[3] = input.dim();
+  for (int64_t d = 0; d < input.dim(); ++d) header[4 + d] = input.size(d);
+  std::vector<int64_t> headers(header.size() * size_);
+  comm_->allgather(header.data(), headers.data(), header.size(), DataType::kInt64);
+  int64_t maxNnz = 0;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* theirs = headers.data() + r * header.size();
+    TORCH_CHECK_VALUE(std::equal(header.begin() + 1, header.end(), theirs + 1),
+                      "pycomm [rank ", rank_, "/", size_, "] allreduce (sparse): this rank's tensor has shape ",
+                      input.sizes(), " with ", header[1], " sparse dims; rank ", r, "'s differs");
+    maxNnz = std::max(maxNnz, theirs[0]);
+  }
+  // Indices and values of every rank, padded to the largest nnz, gathered in rank order.
+  const int64_t sparseDim = input.sparse_dim();
+  at::Tensor myIndices = at::zeros({sparseDim, maxNnz}, indices.options());
+  myIndices.narrow(1, 0, indices.size(1)).copy_(indices);
+  at::Tensor allIndices = at::empty({size_, sparseDim, maxNnz}, indices.options());
+  comm_->allgather(myIndices.data_ptr(), allIndices.data_ptr(), static_cast<size_t>(myIndices.numel()),
+                   DataType::kInt64);
+  std::vector<int64_t> paddedShape = values.sizes().vec();
+  paddedShape[0] = maxNnz;
+  at::Tensor myValues = at::zeros(paddedShape, values.options());
+  myValues.narrow(0, 0, values.size(0)).copy_(values);
+  std::vector<int64_t> allShape = paddedShape;
+  allShape.insert(allShape.begin(), size_);
+  at::Tensor allValues = at::empty(allShape, values.options());
+  const Layout layout = movable(myValues);
+  comm_->allgather(myValues.data_ptr(), allValues.data_ptr(), layout.count(myValues), layout.dtype);
+  std::vector<at::Tensor> indexParts, valueParts;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t nnz = headers[r * header.size()];
+    indexParts.push_back(allIndices[r].narrow(1, 0, nnz));
+    valueParts.push_back(allValues[r].narrow(0, 0, nnz));
+  }
+  // The same concatenation on every rank, so coalesce() adds duplicates in the same order everywhere.
+  const at::Tensor sum =
+      at::_sparse_coo_tensor_unsafe(at::cat(indexParts, 1), at::cat(valueParts, 0), input.sizes(), values.options())
+          .coalesce();
+  tensor.copy_(sum);
+}
+
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                           const ::c10d::AllreduceOptions& opts) {
   Validator v(rank_, size_, "allreduce");
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
+    // What gloo does for sparse gradients (DDP with sparse embeddings): gather every rank's entries,
+    // add them up. SUM only, CPU only, as in gloo.
+    const at::Tensor& t = tensors[0];
+    TORCH_CHECK_VALUE(t.device().is_cpu(), v.where(), "sparse tensors are supported on the CPU only, got one on ",
+                      t.device());
+    TORCH_CHECK_VALUE(opts.reduceOp == ::c10d::ReduceOp::SUM, v.where(), "sparse tensors support SUM only");
+    TORCH_CHECK_VALUE(t.dim() <= 8, v.where(), "sparse tensors of at most 8 dims, got ", t.dim());
+    return submit(OpType::ALLREDUCE, "pycomm:all_reduce_sparse", {t}, [this, t] { allreduceSparseNow(t); },
+                  !opts.asyncOp);
+  }
   if (auto device = v.deviceOf(tensors)) {
     auto nccl = ncclFor(*device);
     if (nccl && !compressionFor(v.one(tensors), &opts.reduceOp)) {

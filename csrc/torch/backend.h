@@ -120,6 +120,8 @@ class PycommBackend final : public ::c10d::Backend {
   // A receive, posted at once like a send; `anyPeer`: srcRank is Transport::kAnyPeer.
   c10::intrusive_ptr<::c10d::Work> postReceive(std::vector<at::Tensor>& tensors, int srcRank, int tag, bool anyPeer);
   void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
+  // SUM of a sparse COO tensor over the group, written back into it (nnz may change).
+  void allreduceSparseNow(const at::Tensor& tensor);
   // A coalesced bucket of one dtype all-reduced in place, unpacked, when the group's ranks share
   // memory; false (nothing done) otherwise.
   bool allreducePiecesNow(const std::vector<at::Tensor>& bucket, const ::c10d::ReduceOp& op);
