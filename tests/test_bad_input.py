@@ -145,6 +145,7 @@ def _silent_peer_worker(rank: int, world: int, op: str) -> Any:
     if rank != 0:
         # The store outlives the broken group; wait well past the group timeout.
         store.wait(["rank0-done"], timedelta(seconds=60))
+        store.set("rank1-saw-done", "1")  # rank 0 hosts the store: it waits for this before exiting
         return None
     start = time.monotonic()
     error = None
@@ -157,6 +158,7 @@ def _silent_peer_worker(rank: int, world: int, op: str) -> Any:
         error = (type(exc).__name__, isinstance(exc, RuntimeError), str(exc))
     elapsed = time.monotonic() - start
     store.set("rank0-done", "1")
+    store.wait(["rank1-saw-done"], timedelta(seconds=60))
     return error, elapsed
 
 
