@@ -45,7 +45,8 @@ def _callbacks_worker(rank: int, world: int) -> dict[str, Any]:
 
     chained = fut_a.then(double_and_sum).then(broadcast_from_last)
 
-    # Issued after the callbacks were attached: on every rank it runs after the ops they issue.
+    # Issued after the callbacks were attached (as DDP hooks attach them: right after the op), so
+    # on every rank it runs after the ops they issue.
     b = torch.full((N,), rank + 7, dtype=torch.int64)
     work_b = dist.all_reduce(b, async_op=True)
 
@@ -143,3 +144,26 @@ def test_future_value_right_after_wait(pycomm: ModuleType) -> None:
         pg_timeout_s=PG_TIMEOUT_S,
     )
     assert results == [0, 0], f"wrong values per rank: {results}"
+
+
+def _autograd_in_callback_worker(rank: int, world: int) -> list[bool]:
+    import torch.distributed as dist
+
+    big = torch.ones(4 << 20)
+    dist.all_reduce(big, async_op=True)  # keeps the worker busy, so the callback below runs there
+    x = torch.ones(3, requires_grad=True)
+    fut = dist.all_reduce(torch.ones(3), async_op=True).get_future()
+    seen = fut.then(lambda f: [torch.is_grad_enabled(), (x * 2).requires_grad]).wait()
+    return list(seen)
+
+
+def test_callbacks_run_with_autograd(pycomm: ModuleType) -> None:
+    # The op's own writes bypass autograd; the user's callbacks must not.
+    results = run_ranks(
+        _autograd_in_callback_worker,
+        2,
+        backend="pycomm",
+        timeout_s=TIMEOUT_S,
+        pg_timeout_s=PG_TIMEOUT_S,
+    )
+    assert results == [[True, True], [True, True]], results

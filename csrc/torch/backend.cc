@@ -290,11 +290,12 @@ void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std:
     if (coalescing) coalesced_.push_back(work);
   }
   auto task = [work, body = std::move(body), staging] {
-    // Results are written below autograd, as a backend does (gloo writes through raw pointers): a
-    // leaf that requires grad (a parameter, non-contiguous here) may be written, and so may a
-    // tensor made under inference mode, which this thread (the worker, usually) is not in.
-    const at::AutoDispatchBelowADInplaceOrView belowAutograd;
     try {
+      // Results are written below autograd, as a backend does (gloo writes through raw pointers):
+      // a leaf that requires grad (a parameter, non-contiguous here) may be written, and so may a
+      // tensor made under inference mode, which this thread (the worker, usually) is not in. Only
+      // the op's writes: the future's callbacks, run by complete(), get autograd as usual.
+      const at::AutoDispatchBelowADInplaceOrView belowAutograd;
       if (staging) staging->copyIn();
       body();
       if (staging) staging->copyOut();
