@@ -229,20 +229,26 @@ class RunningTask {
 
 }  // namespace
 
+void Communicator::runTask(const std::function<void()>& task, const char* kind) {
+  try {
+    const RunningTask running(this);
+    task();
+  } catch (const std::exception& e) {
+    // Tasks report their errors through their Work; one escaping here is a bug worth seeing.
+    logger_.warn(strCat(kind, " task threw: ", e.what()));
+  }
+}
+
 bool Communicator::runIfNested(const std::function<void()>& task) {
   if (runningTaskOf != this) return false;
-  // Issued from inside a task: run it now, before the tasks queued behind the running one. Every
-  // rank completes the running op at the same point of its sequence, so every rank runs this op at
-  // the same point too.
+  // Issued from inside a task: run it now, right after the op whose completion is running this
+  // thread's callbacks, before the tasks queued behind it. Every rank runs it at the same point
+  // when the callback was attached right after its op was issued (see docs/ALGORITHMS.md).
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix(), " the process group was shut down");
   }
-  try {
-    task();
-  } catch (const std::exception& e) {
-    logger_.warn(strCat("a nested task threw: ", e.what()));
-  }
+  runTask(task, "a nested");
   return true;
 }
 
@@ -269,12 +275,7 @@ void Communicator::runOrEnqueue(std::function<void()> task) {
     }
     running_ = true;
   }
-  try {
-    const RunningTask running(this);
-    task();
-  } catch (const std::exception& e) {
-    logger_.warn(strCat("an inline task threw: ", e.what()));
-  }
+  runTask(task, "an inline");
   bool queued;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
@@ -299,13 +300,7 @@ void Communicator::workerLoop() {
       queue_.pop_front();
       running_ = true;
     }
-    try {
-      const RunningTask running(this);
-      task();
-    } catch (const std::exception& e) {
-      // Tasks report their errors through their Work; one escaping here is a bug worth seeing.
-      logger_.warn(strCat("a queued task threw: ", e.what()));
-    }
+    runTask(task, "a queued");
     {
       std::lock_guard<std::mutex> lock(queueMutex_);
       running_ = false;

@@ -127,6 +127,8 @@ class Communicator {
                              Algorithm algorithm);
   uint8_t* scratch(size_t bytes);
   void workerLoop();
+  // Runs `task` as this communicator's (see runIfNested); what escapes it is logged, named `kind`.
+  void runTask(const std::function<void()>& task, const char* kind);
   // Runs `task` now and returns true if this thread is running one of this communicator's tasks.
   bool runIfNested(const std::function<void()>& task);
   const std::string& prefix() const { return prefix_; }
