@@ -115,10 +115,9 @@ class Validator {
   }
 
   const at::Tensor& single(const std::vector<at::Tensor>& tensors) const {
-    TORCH_CHECK_VALUE(tensors.size() == 1, where(), "expects exactly one tensor per rank, got ",
-                      tensors.size());
-    tensor(tensors[0]);
-    return tensors[0];
+    const at::Tensor& t = one(tensors);
+    tensor(t);
+    return t;
   }
 
   void sameType(const at::Tensor& a, const at::Tensor& b) const {
@@ -434,17 +433,16 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
     }
     TORCH_CHECK(useNccl || !askedForNccl, where, "cuda_transport=nccl, but ", why);
     if (useNccl) {
+      const cuda::NcclLibrary& library = cuda::NcclLibrary::load();
       C10dStore adapter(store_);
-      std::atomic_store(&nccl_, std::make_shared<cuda::NcclComm>(cuda::NcclLibrary::load(), adapter, "pycomm/nccl",
-                                                                 rank_, size_, device.index(), comm_->timeout()));
-    }
-    deviceRouteDecided_ = true;
-    if (useNccl) {
+      std::atomic_store(&nccl_, std::make_shared<cuda::NcclComm>(library, adapter, "pycomm/nccl", rank_, size_,
+                                                                 device.index(), comm_->timeout()));
       comm_->logger().log(LogLevel::kInfo, strCat("CUDA all-reduce and broadcast run over NCCL point-to-point (",
-                                  cuda::NcclLibrary::load().path(), ", version ", cuda::NcclLibrary::load().version(), ")"));
+                                                  library.path(), ", version ", library.version(), ")"));
     } else {
       comm_->logger().log(LogLevel::kInfo, strCat("CUDA collectives are staged through host memory: ", why));
     }
+    deviceRouteDecided_ = true;
   } catch (const std::exception&) {
     deviceRouteError_ = std::current_exception();
     throw;
@@ -673,7 +671,7 @@ void PycommBackend::allreduceSparseNow(const at::Tensor& tensor) {
   for (int r = 0; r < size_; ++r) {
     const int64_t* theirs = headers.data() + r * header.size();
     TORCH_CHECK_VALUE(std::equal(header.begin() + 1, header.end(), theirs + 1),
-                      "pycomm [rank ", rank_, "/", size_, "] allreduce (sparse): this rank's tensor has shape ",
+                      Validator(rank_, size_, "allreduce (sparse)").where(), "this rank's tensor has shape ",
                       input.sizes(), " with ", header[1], " sparse dims; rank ", r, "'s differs");
     maxNnz = std::max(maxNnz, theirs[0]);
   }
@@ -723,7 +721,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor
   if (auto device = v.deviceOf(tensors)) {
     auto nccl = ncclFor(*device);
     if (nccl && !compressionFor(v.one(tensors), &opts.reduceOp)) {
-      const at::Tensor& t = v.one(tensors);
+      const at::Tensor& t = tensors[0];  // one() checked
       const ReduceSpec spec = v.reduceOp(opts.reduceOp, t);
       const DataType dtype = v.reducible(t);
       const int size = size_;
@@ -1260,9 +1258,9 @@ PointToPointTensor pointToPointTensorOf(const Validator& v, const std::vector<at
                                         const std::function<std::shared_ptr<DeviceStaging>(c10::Device)>& beginStaging) {
   auto device = v.deviceOf(tensors);
   if (!device) return {nullptr, v.single(tensors)};
-  TORCH_CHECK_VALUE(tensors.size() == 1, v.where(), "expects exactly one tensor per rank, got ", tensors.size());
+  const at::Tensor& t = v.one(tensors);
   auto staging = beginStaging(*device);
-  at::Tensor host = staging->stage(tensors[0], sending, !sending);
+  at::Tensor host = staging->stage(t, sending, !sending);
   v.tensor(host);
   return {staging, host};
 }
