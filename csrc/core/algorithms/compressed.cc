@@ -49,42 +49,45 @@ void scale(float* data, size_t n, float factor) {
 
 namespace {
 
-// One piece of a pipelined compressed all-reduce: elements [begin, begin + count) of the buffer,
-// split into p segments whose encodings sit one after another from `encodedOffset`.
+// A piece of a pipelined compressed all-reduce and where its bytes sit in the scratch buffers.
 struct Piece {
-  size_t begin;
-  Segments segments;
-  Segments layout;       // byte offsets of the segments' encodings, relative to encodedOffset
+  CompressedPiece shape;
   size_t encodedOffset;  // into the encoded-input and gathered buffers
   size_t receivedOffset; // into the all-to-all receive buffer: p encodings of this rank's segment
 };
 
 }  // namespace
 
-void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec, bool average,
-                         size_t chunkBytes, std::vector<uint8_t>& scratch) {
-  const int p = op.size();
-  const int r = op.rank();
-  // Pieces of p segments of whole 256-element blocks (the last piece takes the rest), so block
-  // scales never straddle two messages and codec work on one piece overlaps the wire for another.
+std::vector<CompressedPiece> compressedPieces(size_t count, int p, codecs::Codec codec, size_t chunkBytes) {
   const size_t segmentElems = std::max<size_t>(codecs::kFp8BlockElements,
                                                (chunkBytes / sizeof(float)) / codecs::kFp8BlockElements * codecs::kFp8BlockElements);
   const size_t pieceElems = segmentElems * p;
-  std::vector<Piece> pieces;
-  size_t encodedTotal = 0;
-  size_t receivedTotal = 0;
-  size_t accElems = 0;  // this rank's largest segment (not segmentElems: chunk_bytes may be huge)
+  std::vector<CompressedPiece> pieces;
   for (size_t begin = 0; begin < count || pieces.empty(); begin += pieceElems) {
     const size_t n = std::min(pieceElems, count - begin);
     Segments segments = n == pieceElems ? Segments(segmentElems, p, true) : Segments(n, p);
     Segments layout = encodedLayout(segments, p, codec);
-    const size_t encodedBytes = layout.offset(p);
-    const size_t mine = layout.length(r);
-    accElems = std::max(accElems, segments.length(r));
-    pieces.push_back(Piece{begin, std::move(segments), std::move(layout), encodedTotal, receivedTotal});
+    pieces.push_back(CompressedPiece{begin, std::move(segments), std::move(layout)});
+    if (count == 0) break;
+  }
+  return pieces;
+}
+
+void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec, bool average,
+                         size_t chunkBytes, std::vector<uint8_t>& scratch) {
+  const int p = op.size();
+  const int r = op.rank();
+  std::vector<Piece> pieces;
+  size_t encodedTotal = 0;
+  size_t receivedTotal = 0;
+  size_t accElems = 0;  // this rank's largest segment (not the chunk: chunk_bytes may be huge)
+  for (auto& shape : compressedPieces(count, p, codec, chunkBytes)) {
+    const size_t encodedBytes = shape.layout.offset(p);
+    const size_t mine = shape.layout.length(r);
+    accElems = std::max(accElems, shape.segments.length(r));
+    pieces.push_back(Piece{std::move(shape), encodedTotal, receivedTotal});
     encodedTotal += encodedBytes;
     receivedTotal += p * mine;
-    if (count == 0) break;
   }
   scratch.resize(2 * alignUp(encodedTotal) + alignUp(receivedTotal) + alignUp(accElems * sizeof(float)) + 64);
   uint8_t* encoded = scratch.data();
@@ -99,12 +102,12 @@ void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec,
   std::vector<std::vector<std::shared_ptr<Request>>> exchangeRecvs(numPieces), gatherRecvs(numPieces);
   for (size_t k = 0; k < numPieces; ++k) {
     const Piece& piece = pieces[k];
-    const size_t mine = piece.layout.length(r);
+    const size_t mine = piece.shape.layout.length(r);
     for (int i = 1; i < p; ++i) {
       const int peer = (r - i + p) % p;
       exchangeRecvs[k].push_back(op.recv(peer, exchangeSlot(k), received + piece.receivedOffset + peer * mine, mine));
-      gatherRecvs[k].push_back(op.recv(peer, gatherSlot(k), gathered + piece.encodedOffset + piece.layout.offset(peer),
-                                       piece.layout.length(peer)));
+      gatherRecvs[k].push_back(op.recv(peer, gatherSlot(k), gathered + piece.encodedOffset + piece.shape.layout.offset(peer),
+                                       piece.shape.layout.length(peer)));
     }
   }
 
@@ -112,13 +115,13 @@ void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec,
     const Piece& piece = pieces[k];
     uint8_t* out = encoded + piece.encodedOffset;
     for (int i = 0; i < p; ++i) {
-      codecs::encode(codec, data + piece.begin + piece.segments.offset(i), piece.segments.length(i),
-                     out + piece.layout.offset(i));
+      codecs::encode(codec, data + piece.shape.begin + piece.shape.segments.offset(i), piece.shape.segments.length(i),
+                     out + piece.shape.layout.offset(i));
     }
     // Start with the next rank, so that not every rank sends to rank 0 first.
     for (int i = 1; i < p; ++i) {
       const int peer = (r + i) % p;
-      op.send(peer, exchangeSlot(k), out + piece.layout.offset(peer), piece.layout.length(peer));
+      op.send(peer, exchangeSlot(k), out + piece.shape.layout.offset(peer), piece.shape.layout.length(peer));
     }
   };
   // Sums this rank's segment in fp32, own contribution first and then the others in rank order,
@@ -126,14 +129,14 @@ void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec,
   auto reduceAndGather = [&](size_t k) {
     const Piece& piece = pieces[k];
     for (auto& recv : exchangeRecvs[k]) op.wait(recv);
-    const size_t n = piece.segments.length(r);
-    const size_t mine = piece.layout.length(r);
-    codecs::decode(codec, encoded + piece.encodedOffset + piece.layout.offset(r), n, acc);
+    const size_t n = piece.shape.segments.length(r);
+    const size_t mine = piece.shape.layout.length(r);
+    codecs::decode(codec, encoded + piece.encodedOffset + piece.shape.layout.offset(r), n, acc);
     for (int q = 0; q < p; ++q) {
       if (q != r) codecs::decodeAdd(codec, received + piece.receivedOffset + q * mine, n, acc);
     }
     if (average) scale(acc, n, 1.0f / static_cast<float>(p));
-    uint8_t* sum = gathered + piece.encodedOffset + piece.layout.offset(r);
+    uint8_t* sum = gathered + piece.encodedOffset + piece.shape.layout.offset(r);
     codecs::encode(codec, acc, n, sum);
     for (int i = 1; i < p; ++i) op.send((r + i) % p, gatherSlot(k), sum, mine);
   };
@@ -141,8 +144,8 @@ void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec,
     const Piece& piece = pieces[k];
     for (auto& recv : gatherRecvs[k]) op.wait(recv);
     for (int i = 0; i < p; ++i) {
-      codecs::decode(codec, gathered + piece.encodedOffset + piece.layout.offset(i), piece.segments.length(i),
-                     data + piece.begin + piece.segments.offset(i));
+      codecs::decode(codec, gathered + piece.encodedOffset + piece.shape.layout.offset(i), piece.shape.segments.length(i),
+                     data + piece.shape.begin + piece.shape.segments.offset(i));
     }
   };
   // Software pipeline: while piece k's encodings travel, piece k-1 is reduced and piece k-2 decoded.

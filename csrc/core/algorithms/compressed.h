@@ -16,6 +16,17 @@
 
 namespace pycomm::algorithms {
 
+// A compressed all-reduce works on pieces of p segments of whole 256-element blocks (the last piece
+// takes the rest), so block scales never straddle two messages. The pieces depend on count, p,
+// codec and chunkBytes only: every schedule that splits this way (the CPU one below, the
+// stream-ordered one of queued_collectives.h) rounds at the same places and gives the same bits.
+struct CompressedPiece {
+  size_t begin;      // first element of the piece
+  Segments segments; // its p segments, in elements relative to begin
+  Segments layout;   // byte offsets of the segments' encodings laid one after another
+};
+std::vector<CompressedPiece> compressedPieces(size_t count, int p, codecs::Codec codec, size_t chunkBytes);
+
 void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec, bool average,
                          size_t chunkBytes, std::vector<uint8_t>& scratch);
 // in holds p * count floats; this rank's reduced block lands in out.

@@ -1,0 +1,54 @@
+// pycomm's schedules over a stream-ordered link (queued_link.h): what runs on GPUs over NCCL's
+// point-to-point. They mirror the CPU schedules (ring.h, tree.h, chain.h, compressed.h) element for
+// element: the same segments, the same pieces, the same order of reduction. With kernels that match
+// the CPU's bits, a queued all-reduce gives the bits the CPU algorithm of the same name gives.
+//
+// Everything is posted to the link; nothing waits on the host. Every rank posts the same sequence
+// of steps, and a step's group pairs only with the same step's groups on other ranks, so the
+// schedules cannot deadlock whatever the link's buffering. Scratch is the caller's (nothing here
+// allocates); the sizes come from the *ScratchBytes functions.
+//
+// Differences from the CPU versions, all about overlap, none about results: a link runs its groups
+// and kernels one after another, so the ring does not cut segments into chunks (reduction and
+// transfer would not overlap anyway); the tree keeps its chunks, which lets the levels of a tree work
+// on different chunks at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../codecs/block_codec.h"
+#include "../dtype.h"
+#include "op.h"
+#include "queued_link.h"
+
+namespace pycomm::algorithms::queued {
+
+size_t ringScratchBytes(const Segments& segments, DataType dtype);
+// Ring reduce-scatter in place: rank r ends with segment r of `data` reduced over every rank (the
+// other segments hold partial results).
+void ringReduceScatter(QueuedLink& link, uint8_t* data, uint8_t* scratch, const Segments& segments, DataType dtype,
+                       ReduceOp op);
+// Ring all-gather in place: segment r of `data` holds rank r's part; every rank ends with all parts.
+void ringAllgather(QueuedLink& link, uint8_t* data, const Segments& segments, size_t elementBytes);
+// Reduce-scatter then all-gather over Segments(count, p): the CPU ring's result.
+void ringAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op);
+
+size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype);
+// The double binary tree of tree.h: each half reduced up its tree in chunks of chunkElems and sent
+// back down.
+void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
+                   size_t chunkElems);
+
+// Root's `bytes` to every rank down the chain root, root+1, ... in chunks of chunkBytes: a rank
+// forwards chunk c while it receives chunk c+1.
+void chainBroadcast(QueuedLink& link, uint8_t* data, size_t bytes, int root, size_t chunkBytes);
+
+size_t compressedScratchBytes(size_t count, int size, int rank, codecs::Codec codec, size_t chunkBytes);
+// compressed.h's all-reduce (two roundings at any world size; one at world 1), piece by piece: encode
+// the piece's segments, all-to-all them, sum this rank's segment in fp32 in rank order, encode it
+// (fused with the last addition), all-gather the encoded sums, decode.
+void compressedAllreduce(QueuedLink& link, float* data, uint8_t* scratch, size_t count, codecs::Codec codec,
+                         bool average, size_t chunkBytes);
+
+}  // namespace pycomm::algorithms::queued

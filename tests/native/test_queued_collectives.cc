@@ -1,0 +1,333 @@
+// The stream-ordered schedules (csrc/core/algorithms/queued_collectives.h), which run on GPUs over
+// NCCL, checked here on the CPU: the same code drives an in-memory link whose groups behave as
+// NCCL's do at their strictest (a send completes only once its receive is posted and the whole
+// group has matched), with the CPU kernels in place of the CUDA ones. Checked, with ranks as threads
+// at world sizes 1 to 7 and odd counts:
+//   * results against the CPU algorithm of the same name in the same process (a Communicator over
+//     TCP on loopback): float32 bit for bit, integers exactly, plus a float64 reference;
+//   * that every schedule finishes (a schedule whose groups cannot all be in flight together would
+//     wait here until the link's deadline and fail, as it would hang on NCCL);
+//   * that every send pairs with a receive of the same byte count, and that a group never receives
+//     into a buffer that another of its transfers touches;
+//   * that every reduction's source and destination share their address modulo 16 (the CUDA reduce
+//     kernel's vector path).
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+
+#include "core/algorithms/queued_collectives.h"
+#include "core/codecs/reduce.h"
+#include "core/communicator.h"
+#include "harness.h"
+
+using namespace pycomm;
+using algorithms::QueuedLink;
+using algorithms::QueuedTransfer;
+using pycomm::testing::MemoryStore;
+using pycomm::testing::runRanks;
+
+namespace {
+
+// Pairs the ranks' transfers: the k-th send from a to b with the k-th receive at b from a.
+class HostFabric {
+ public:
+  explicit HostFabric(std::chrono::milliseconds deadline) : deadline_(deadline) {}
+
+  void runGroup(int rank, const std::vector<QueuedTransfer>& transfers, const char* what) {
+    checkNoOverlap(rank, transfers, what);
+    auto group = std::make_shared<Group>();
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (const auto& t : transfers) {
+      if (t.bytes == 0) continue;
+      const bool send = t.kind == QueuedTransfer::Kind::kSend;
+      const auto key = send ? std::make_pair(rank, t.peer) : std::make_pair(t.peer, rank);
+      (send ? sends_ : recvs_)[key].push_back(Entry{t.data, t.bytes, group, what});
+      ++group->pending;
+      match(key);
+    }
+    cv_.notify_all();
+    if (!cv_.wait_for(lock, deadline_, [&] { return group->pending == 0; })) {
+      throw TimeoutError(strCat("rank ", rank, " ", what, ": group not matched after ", deadline_.count(),
+                                " ms (the schedule would hang on NCCL)"));
+    }
+    ++groups_;
+  }
+
+  size_t groups() const { return groups_; }
+
+ private:
+  struct Group {
+    int pending = 0;
+  };
+  struct Entry {
+    void* data;
+    size_t bytes;
+    std::shared_ptr<Group> group;
+    const char* what;
+  };
+
+  void match(const std::pair<int, int>& key) {
+    auto& sends = sends_[key];
+    auto& recvs = recvs_[key];
+    while (!sends.empty() && !recvs.empty()) {
+      Entry send = sends.front(), recv = recvs.front();
+      sends.pop_front();
+      recvs.pop_front();
+      EXPECT_TRUE(send.bytes == recv.bytes, "rank ", key.first, " -> ", key.second, ": a send of ", send.bytes,
+                  " bytes (", send.what, ") paired with a receive of ", recv.bytes, " (", recv.what, ")");
+      std::memcpy(recv.data, send.data, std::min(send.bytes, recv.bytes));
+      --send.group->pending;
+      --recv.group->pending;
+    }
+  }
+
+  static void checkNoOverlap(int rank, const std::vector<QueuedTransfer>& transfers, const char* what) {
+    for (size_t i = 0; i < transfers.size(); ++i) {
+      const auto& a = transfers[i];
+      if (a.kind != QueuedTransfer::Kind::kRecv || a.bytes == 0) continue;
+      const auto* begin = static_cast<const uint8_t*>(a.data);
+      for (size_t j = 0; j < transfers.size(); ++j) {
+        const auto& b = transfers[j];
+        if (j == i || b.bytes == 0) continue;
+        const auto* other = static_cast<const uint8_t*>(b.data);
+        EXPECT_TRUE(begin + a.bytes <= other || other + b.bytes <= begin, "rank ", rank, " ", what,
+                    ": a receive overlaps another transfer of its group");
+      }
+    }
+  }
+
+  const std::chrono::milliseconds deadline_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<std::pair<int, int>, std::deque<Entry>> sends_, recvs_;
+  size_t groups_ = 0;
+};
+
+// The link: transfers through the fabric, kernels by the CPU core.
+class HostLink final : public QueuedLink {
+ public:
+  HostLink(HostFabric& fabric, int rank, int size) : fabric_(fabric), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void post(const std::vector<QueuedTransfer>& transfers, const char* what) override {
+    for (const auto& t : transfers) {
+      EXPECT_TRUE(t.peer >= 0 && t.peer < size_ && t.peer != rank_, "rank ", rank_, " ", what, ": peer ", t.peer);
+    }
+    fabric_.runGroup(rank_, transfers, what);
+  }
+  void reduce(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) override {
+    // The CUDA kernel's vector path needs this; the schedules place their receives to give it.
+    EXPECT_TRUE(count == 0 || (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) % 16 == 0,
+                "rank ", rank_, ": reduce of ", count, " elements with dst and src apart modulo 16");
+    codecs::reduceInto(dst, src, count, dtype, op);
+  }
+  void encode(codecs::Codec codec, const float* in, size_t count, uint8_t* out) override {
+    codecs::encode(codec, in, count, out);
+  }
+  void decode(codecs::Codec codec, const uint8_t* in, size_t count, float* out) override {
+    codecs::decode(codec, in, count, out);
+  }
+  void decodeAdd(codecs::Codec codec, const uint8_t* in, size_t count, float* acc) override {
+    codecs::decodeAdd(codec, in, count, acc);
+  }
+  // The CPU sequence the CUDA kernel is specified by (csrc/cuda/codec_kernels.cuh).
+  void decodeAddEncode(codecs::Codec codec, const uint8_t* in, const float* acc, size_t count, uint8_t* out,
+                       float scale) override {
+    std::vector<float> tmp(acc, acc + count);
+    codecs::decodeAdd(codec, in, count, tmp.data());
+    if (scale != 1.0f) {
+      for (float& x : tmp) x *= scale;
+    }
+    codecs::encode(codec, tmp.data(), count, out);
+  }
+
+ private:
+  HostFabric& fabric_;
+  const int rank_;
+  const int size_;
+};
+
+std::vector<std::unique_ptr<Communicator>> cpuGroup(int size, MemoryStore& store, Algorithm algorithm,
+                                                    size_t chunkBytes) {
+  std::vector<std::unique_ptr<Communicator>> comms(size);
+  runRanks(size, [&](int r) {
+    Config config;
+    config.rank = r;
+    config.size = size;
+    config.timeout = std::chrono::seconds(30);
+    config.transport = TransportKind::kTcp;
+    config.algorithm = algorithm;
+    config.chunkBytes = chunkBytes;
+    comms[r] = std::make_unique<Communicator>(config, store);
+  });
+  return comms;
+}
+
+std::vector<float> randomFloats(int rank, size_t count, uint32_t salt) {
+  std::mt19937 gen(1000003u * salt + 7919u * static_cast<uint32_t>(rank) + 17u);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> v(count);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<int64_t> randomInts(int rank, size_t count, uint32_t salt) {
+  std::mt19937_64 gen(2000003u * salt + 31u * static_cast<uint32_t>(rank) + 5u);
+  std::uniform_int_distribution<int64_t> dist(-1000000, 1000000);
+  std::vector<int64_t> v(count);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+bool sameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+const size_t kCounts[] = {0, 1, 2, 6, 8, 13, 1031, 65537};
+
+// Ring and tree all-reduce against the CPU ring and tree.
+void checkAllreduce(int size, Algorithm algorithm) {
+  const char* name = algorithm == Algorithm::kTree ? "tree" : "ring";
+  MemoryStore store;
+  auto comms = cpuGroup(size, store, algorithm, 4096);
+  const size_t chunkElems = 97;  // a prime: chunks of odd lengths, many pipeline steps in the tree
+  for (size_t count : kCounts) {
+    HostFabric fabric(std::chrono::seconds(20));
+    runRanks(size, [&](int r) {
+      HostLink link(fabric, r, size);
+      auto run = [&](void* data, DataType dtype, ReduceOp op) {
+        const size_t bytes = algorithm == Algorithm::kTree ? algorithms::queued::treeScratchBytes(count, chunkElems, dtype)
+                                                           : algorithms::queued::ringScratchBytes(algorithms::Segments(count, size), dtype);
+        std::vector<uint8_t> scratch(bytes);
+        auto* buf = static_cast<uint8_t*>(data);
+        if (algorithm == Algorithm::kTree) {
+          algorithms::queued::treeAllreduce(link, buf, scratch.data(), count, dtype, op, chunkElems);
+        } else {
+          algorithms::queued::ringAllreduce(link, buf, scratch.data(), count, dtype, op);
+        }
+      };
+      // float32 SUM: the CPU algorithm's bits, and close to the float64 sum.
+      std::vector<float> mine = randomFloats(r, count, 1), cpu = mine;
+      run(mine.data(), DataType::kFloat32, ReduceOp::kSum);
+      comms[r]->allreduce(cpu.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      EXPECT_TRUE(sameBits(mine, cpu), name, " float32 sum differs from the CPU ", name, ": world ", size, " count ", count,
+                  " rank ", r);
+      std::vector<double> expect(count, 0.0);
+      for (int q = 0; q < size; ++q) {
+        const std::vector<float> theirs = randomFloats(q, count, 1);
+        for (size_t i = 0; i < count; ++i) expect[i] += theirs[i];
+      }
+      for (size_t i = 0; i < count; ++i) {
+        EXPECT_TRUE(std::fabs(mine[i] - expect[i]) <= 1e-5 * (1 + std::fabs(expect[i])) * size, name, " float32 sum ",
+                    i, " world ", size, " count ", count);
+      }
+      // int64 SUM and MAX exactly.
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+        std::vector<int64_t> ints = randomInts(r, count, 2);
+        run(ints.data(), DataType::kInt64, op);
+        std::vector<std::vector<int64_t>> all;
+        for (int q = 0; q < size; ++q) all.push_back(randomInts(q, count, 2));
+        for (size_t i = 0; i < count; ++i) {
+          int64_t expect = all[0][i];
+          for (int q = 1; q < size; ++q) expect = op == ReduceOp::kSum ? expect + all[q][i] : std::max(expect, all[q][i]);
+          EXPECT_TRUE(ints[i] == expect, name, " int64 ", reduceOpName(op), " world ", size, " count ", count, " i ", i);
+        }
+      }
+    });
+  }
+}
+
+// Reduce-scatter (equal blocks, the CPU's reduce_scatter layout) and all-gather.
+void checkReduceScatterAllgather(int size) {
+  MemoryStore store;
+  auto comms = cpuGroup(size, store, Algorithm::kRing, 4096);
+  for (size_t count : kCounts) {
+    HostFabric fabric(std::chrono::seconds(20));
+    runRanks(size, [&](int r) {
+      HostLink link(fabric, r, size);
+      const algorithms::Segments blocks(count, size, true);
+      const std::vector<float> input = randomFloats(r, count * size, 3);
+      std::vector<float> work = input, cpu(count);
+      std::vector<uint8_t> scratch(algorithms::queued::ringScratchBytes(blocks, DataType::kFloat32));
+      algorithms::queued::ringReduceScatter(link, reinterpret_cast<uint8_t*>(work.data()), scratch.data(), blocks,
+                                            DataType::kFloat32, ReduceOp::kSum);
+      comms[r]->reduceScatter(input.data(), cpu.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      const std::vector<float> block(work.begin() + r * count, work.begin() + (r + 1) * count);
+      EXPECT_TRUE(sameBits(block, cpu), "reduce-scatter differs from the CPU ring: world ", size, " count ", count);
+
+      std::vector<int64_t> gathered(count * size, -1);
+      const std::vector<int64_t> own = randomInts(r, count, 4);
+      std::copy(own.begin(), own.end(), gathered.begin() + r * count);
+      algorithms::queued::ringAllgather(link, reinterpret_cast<uint8_t*>(gathered.data()),
+                                        algorithms::Segments(count * sizeof(int64_t), size, true), 1);
+      for (int q = 0; q < size; ++q) {
+        const std::vector<int64_t> theirs = randomInts(q, count, 4);
+        EXPECT_TRUE(std::equal(theirs.begin(), theirs.end(), gathered.begin() + q * count), "all-gather block ", q,
+                    " world ", size, " count ", count);
+      }
+    });
+  }
+}
+
+void checkBroadcast(int size) {
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{100}, size_t{4099}}) {
+    for (int root = 0; root < size; ++root) {
+      HostFabric fabric(std::chrono::seconds(20));
+      runRanks(size, [&](int r) {
+        HostLink link(fabric, r, size);
+        std::vector<uint8_t> data(bytes, static_cast<uint8_t>(0xee));
+        if (r == root) {
+          for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(i * 31 + root);
+        }
+        algorithms::queued::chainBroadcast(link, data.data(), bytes, root, 512);
+        for (size_t i = 0; i < bytes; ++i) {
+          if (data[i] != static_cast<uint8_t>(i * 31 + root)) {
+            EXPECT_TRUE(false, "broadcast world ", size, " root ", root, " bytes ", bytes, " rank ", r, " byte ", i);
+            break;
+          }
+        }
+      });
+    }
+  }
+}
+
+// The compressed all-reduce against the CPU's, bit for bit, every codec, SUM and AVG, several pieces.
+void checkCompressed(int size) {
+  const size_t chunkBytes = 2048;  // 512-element segments: a piece per 512 * size elements
+  MemoryStore store;
+  auto comms = cpuGroup(size, store, Algorithm::kRing, chunkBytes);
+  for (auto codec : {codecs::Codec::kFp16, codecs::Codec::kBf16, codecs::Codec::kFp8E4M3, codecs::Codec::kFp8E5M2}) {
+    for (bool average : {false, true}) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{255}, size_t{257}, size_t{3001}, size_t{5000}}) {
+        HostFabric fabric(std::chrono::seconds(20));
+        runRanks(size, [&](int r) {
+          HostLink link(fabric, r, size);
+          std::vector<float> mine = randomFloats(r, count, 5), cpu = mine;
+          std::vector<uint8_t> scratch(algorithms::queued::compressedScratchBytes(count, size, r, codec, chunkBytes));
+          algorithms::queued::compressedAllreduce(link, mine.data(), scratch.data(), count, codec, average, chunkBytes);
+          comms[r]->allreduceCompressed(cpu.data(), count, codec, average);
+          EXPECT_TRUE(sameBits(mine, cpu), "compressed ", codecs::codecName(codec), average ? " avg" : " sum",
+                      " differs from the CPU's: world ", size, " count ", count, " rank ", r);
+        });
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  for (int size = 1; size <= 7; ++size) {
+    checkAllreduce(size, Algorithm::kRing);
+    checkAllreduce(size, Algorithm::kTree);
+    checkReduceScatterAllgather(size);
+    checkBroadcast(size);
+  }
+  for (int size = 1; size <= 7; ++size) checkCompressed(size);
+  return pycomm::testing::finish("test_queued_collectives");
+}
