@@ -8,8 +8,11 @@ so a passing test ran the NCCL path.
 
 Checks: every dtype and reduce op pycomm reduces, against a float64 reference; float32 SUM bit for
 bit against the CPU ring at the same world size (same segments, same order of additions, kernels
-bit-identical to the CPU reduction); broadcast from every root in several chunks; the caller's
-stream semantics (an op issued while the stream is still busy reads the final value).
+bit-identical to the CPU reduction); the tree and the four compressed all-reduces bit for bit
+against their CPU counterparts; all_gather_into_tensor exactly and reduce_scatter_tensor against the
+reference and the CPU ring's bits; broadcast from every root in several chunks; the caller's
+stream semantics (an op issued while the stream is still busy reads the final value). The schedules
+themselves are also checked without a GPU (tests/native/test_queued_collectives.cc).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from mp import run_ranks
 from reference import check_equal, check_reduced, input_for
 from support import import_pycomm_or_skip, reduce_op
 
-TIMEOUT_S = 120.0
+TIMEOUT_S = 240.0  # six NCCL communicators per world, each set up over sockets
 PG_TIMEOUT_S = 30.0
 SIZES = (0, 1, 7, 1021, 65537)
 SLEEP_CYCLES = 100_000_000
@@ -79,6 +82,8 @@ def _nccl_worker(rank: int, world: int) -> list[str]:
             dist.broadcast(b, src=root)
             note(f"broadcast n={n} root {root}", check_equal(b.cpu(), inputs[root]))
 
+    _check_other_schedules(rank, world, dev, cpu_ring, problems)
+
     # Issued while the caller's stream is still busy writing the input: the op must wait for it.
     x = torch.zeros(1 << 20, device=dev)
     torch.cuda._sleep(SLEEP_CYCLES)
@@ -89,6 +94,97 @@ def _nccl_worker(rank: int, world: int) -> list[str]:
     if not bool((x == expected).all()):
         problems.append(f"all_reduce after a busy stream: {x[:4].tolist()}, expected {expected}")
     return problems
+
+
+def _check_other_schedules(
+    rank: int, world: int, dev: torch.device, cpu_ring: Any, problems: list[str]
+) -> None:
+    import pycomm
+
+    def pair(**options: Any) -> tuple[Any, Any]:
+        on_gpu = dist.new_group(
+            backend="pycomm",
+            pg_options=pycomm.Options(cuda_transport="nccl", chunk_bytes=CHUNK_BYTES, **options),
+        )
+        on_cpu = dist.new_group(
+            backend="pycomm",
+            pg_options=pycomm.Options(transport="tcp", chunk_bytes=CHUNK_BYTES, **options),
+        )
+        return on_gpu, on_cpu
+
+    def same_bits(what: str, gpu: torch.Tensor, cpu: torch.Tensor) -> None:
+        if not torch.equal(gpu.cpu().view(torch.int32), cpu.view(torch.int32)):
+            problems.append(f"{what}: bits differ from the CPU's")
+
+    groups = {"tree": pair(algorithm="tree")}
+    for codec in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2"):
+        groups[codec] = pair(compression=codec)
+    for n in SIZES:
+        inputs = [input_for(23 + n, r, (n,), torch.float32, "sum") for r in range(world)]
+        for name, (on_gpu, on_cpu) in groups.items():
+            for op in ("sum", "avg") if name != "tree" else ("sum",):
+                g = inputs[rank].to(dev)
+                dist.all_reduce(g, op=reduce_op(op), group=on_gpu)
+                c = inputs[rank].clone()
+                dist.all_reduce(c, op=reduce_op(op), group=on_cpu)
+                same_bits(f"all_reduce {name} {op} n={n}", g, c)
+        ints = [input_for(29 + n, r, (n,), torch.int64, "sum") for r in range(world)]
+        t = ints[rank].to(dev)
+        dist.all_reduce(t, group=groups["tree"][0])
+        outcome = check_reduced(t.cpu(), ints, "sum")
+        if outcome:
+            problems.append(f"all_reduce tree int64 n={n}: {outcome}")
+
+        gathered = torch.full((world, n), -1, dtype=torch.int64, device=dev)
+        dist.all_gather_into_tensor(gathered, ints[rank].to(dev))
+        for r in range(world):
+            outcome = check_equal(gathered[r].cpu(), ints[r])
+            if outcome:
+                problems.append(f"all_gather_into_tensor n={n} block {r}: {outcome}")
+
+        # FSDP's pattern: the input is this rank's slice of the output.
+        flat = torch.full((world * n,), -1, dtype=torch.int64, device=dev)
+        flat[rank * n : (rank + 1) * n] = ints[rank].to(dev)
+        dist.all_gather_into_tensor(flat, flat[rank * n : (rank + 1) * n])
+        outcome = check_equal(flat.cpu(), torch.cat(ints))
+        if outcome:
+            problems.append(f"all_gather_into_tensor in place n={n}: {outcome}")
+
+        blocks = [input_for(31 + n, r, (world * n,), torch.float32, "sum") for r in range(world)]
+        source = blocks[rank].to(dev)
+        out = torch.empty(n, device=dev)
+        dist.reduce_scatter_tensor(out, source)
+        mine = [b[rank * n : (rank + 1) * n] for b in blocks]
+        outcome = check_reduced(out.cpu(), mine, "sum")
+        if outcome:
+            problems.append(f"reduce_scatter_tensor n={n}: {outcome}")
+        if not torch.equal(source.cpu(), blocks[rank]):
+            problems.append(f"reduce_scatter_tensor n={n}: the input was changed")
+        ref = torch.empty(n)
+        dist.reduce_scatter_tensor(ref, blocks[rank].clone(), group=cpu_ring)
+        same_bits(f"reduce_scatter_tensor n={n}", out, ref)
+        # AVG into a strided output, from a 2-D input.
+        wide = torch.zeros(2 * n, device=dev)
+        dist.reduce_scatter_tensor(wide[::2], source.view(world, n), op=dist.ReduceOp.AVG)
+        outcome = check_reduced(wide[::2].cpu(), mine, "avg")
+        if outcome or not bool((wide[1::2] == 0).all()):
+            problems.append(f"reduce_scatter_tensor strided avg n={n}: {outcome or 'gaps written'}")
+        for codec in ("fp16", "fp8_e4m3"):  # staged even with NCCL: the CPU's compressed path
+            on_gpu, on_cpu = groups[codec]
+            g, c = torch.empty(n, device=dev), torch.empty(n)
+            dist.reduce_scatter_tensor(g, source, group=on_gpu)
+            dist.reduce_scatter_tensor(c, blocks[rank].clone(), group=on_cpu)
+            same_bits(f"reduce_scatter_tensor {codec} n={n}", g, c)
+            g, c = torch.empty(world * n, device=dev), torch.empty(world * n)
+            dist.all_gather_into_tensor(g, inputs[rank].to(dev), group=on_gpu)
+            dist.all_gather_into_tensor(c, inputs[rank].clone(), group=on_cpu)
+            same_bits(f"all_gather_into_tensor {codec} n={n}", g, c)
+        maxed = torch.empty(n, dtype=torch.int32, device=dev)
+        int_blocks = [input_for(37 + n, r, (world * n,), torch.int32, "max") for r in range(world)]
+        dist.reduce_scatter_tensor(maxed, int_blocks[rank].to(dev), op=dist.ReduceOp.MAX)
+        outcome = check_reduced(maxed.cpu(), [b[rank * n : (rank + 1) * n] for b in int_blocks], "max")
+        if outcome:
+            problems.append(f"reduce_scatter_tensor int32 max n={n}: {outcome}")
 
 
 def _spawn(world: int) -> list[Any]:

@@ -1,6 +1,6 @@
 // An NCCL communicator used for point-to-point transfers between device buffers only: pycomm's own
-// schedules (csrc/cuda/device_collectives.h) run on top of ncclSend/ncclRecv, as its CPU schedules
-// run on top of the TCP and shared-memory transports.
+// schedules (csrc/core/algorithms/queued_collectives.h, through NcclLink) run on top of
+// ncclSend/ncclRecv, as its CPU schedules run on top of the TCP and shared-memory transports.
 //
 // Everything is ordered on the stream the caller passes: transfers posted together form one NCCL
 // group, so a rank's sends and receives of a step never wait on each other. Nothing here blocks the

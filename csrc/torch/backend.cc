@@ -10,6 +10,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "core/algorithms/queued_collectives.h"
 #include "core/error.h"
 #include "store_adapter.h"
 
@@ -18,8 +19,8 @@
 
 #include <future>
 
-#include "cuda/device_collectives.h"
 #include "cuda/nccl_comm.h"
+#include "cuda/nccl_link.h"
 #endif
 
 namespace pycomm::torch_adapter {
@@ -122,8 +123,22 @@ class Validator {
 
   void sameType(const at::Tensor& a, const at::Tensor& b) const {
     tensor(b);
+    sameDtype(a, b);
+  }
+
+  // sameType() for tensors deviceOf() accepted (CUDA ones too).
+  void sameDtype(const at::Tensor& a, const at::Tensor& b) const {
     TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), where(), "input dtype ", a.scalar_type(),
                      " differs from output dtype ", b.scalar_type());
+  }
+
+  // all_gather_into_tensor's output, reduce_scatter_tensor's input: one `each` per rank.
+  void holdsOnePerRank(const at::Tensor& whole, const char* wholeName, const at::Tensor& each,
+                       const char* eachName) const {
+    TORCH_CHECK_VALUE(whole.defined() && each.defined(), where(), "got an undefined tensor");
+    TORCH_CHECK_VALUE(whole.numel() == each.numel() * size_, where(), wholeName, " has ", whole.numel(),
+                      " elements but the group of ", size_, " ranks with ", each.numel(), " ", eachName,
+                      " elements each needs ", each.numel() * size_);
   }
 
   void root(int64_t root) const {
@@ -192,6 +207,36 @@ void applyAverage(const at::Tensor& t, int size) {
 at::Tensor preScaled(const at::Tensor& t, const ReduceSpec& spec, bool inPlace) {
   if (!spec.preScale) return t;
   return inPlace ? t.mul_(*spec.preScale) : t.mul(*spec.preScale);
+}
+
+// An all-reduce of a contiguous device tensor over a queued link (NCCL): the group's compression
+// when it applies, else the tree when the group's algorithm is "tree" and the ring otherwise (rhd
+// has no device schedule, and auto has no measured GPU costs to choose by yet). Each gives the bits
+// the CPU algorithm of the same name gives.
+void deviceAllreduce(algorithms::QueuedLink& link, const at::Tensor& flat, const ReduceSpec& spec, DataType dtype,
+                     std::optional<codecs::Codec> codec, const Config& config) {
+  namespace queued = algorithms::queued;
+  const size_t count = static_cast<size_t>(flat.numel());
+  auto scratch = [&](size_t bytes) {
+    return at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, flat.options().dtype(at::kByte));
+  };
+  if (codec) {
+    at::Tensor area = scratch(queued::compressedScratchBytes(count, link.size(), link.rank(), *codec, config.chunkBytes));
+    queued::compressedAllreduce(link, flat.data_ptr<float>(), area.data_ptr<uint8_t>(), count, *codec, spec.average,
+                                config.chunkBytes);
+    return;
+  }
+  preScaled(flat, spec, true);
+  auto* data = static_cast<uint8_t*>(flat.data_ptr());
+  if (config.algorithm == Algorithm::kTree) {
+    const size_t chunkElems = std::max<size_t>(1, config.chunkBytes / elementSize(dtype));
+    at::Tensor area = scratch(queued::treeScratchBytes(count, chunkElems, dtype));
+    queued::treeAllreduce(link, data, area.data_ptr<uint8_t>(), count, dtype, spec.op, chunkElems);
+  } else {
+    at::Tensor area = scratch(queued::ringScratchBytes(algorithms::Segments(count, link.size()), dtype));
+    queued::ringAllreduce(link, data, area.data_ptr<uint8_t>(), count, dtype, spec.op);
+  }
+  if (spec.average) applyAverage(flat, link.size());
 }
 
 c10::TypePtr tensorListType() { return c10::ListType::create(c10::TensorType::get()); }
@@ -378,6 +423,12 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
       char askedForNccl;  // cuda_transport=nccl
       char busId[30];
       char host[96];
+      // The options the NCCL schedules depend on. Nothing on NCCL's wire says which schedule a
+      // transfer belongs to, so ranks that disagree would pair wrong transfers; the TCP path
+      // catches that in each frame's signature.
+      uint8_t algorithm;
+      uint8_t codec;  // 0: none, else 1 + codecs::Codec
+      uint64_t chunkBytes;
     };
     Record mine{};
     std::string why;
@@ -402,6 +453,11 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
     std::promise<void> exchanged;
     comm_->runOrEnqueue([&] {
       try {
+        // Read here, on the worker: the options in effect at this point of the group's sequence.
+        const Config& config = comm_->config();
+        mine.algorithm = static_cast<uint8_t>(config.algorithm);
+        mine.codec = config.compression ? static_cast<uint8_t>(1 + static_cast<int>(*config.compression)) : 0;
+        mine.chunkBytes = config.chunkBytes;
         comm_->allgather(&mine, all.data(), sizeof(Record), DataType::kUInt8);
         exchanged.set_value();
       } catch (const std::exception&) {
@@ -432,12 +488,22 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
       }
     }
     TORCH_CHECK(useNccl || !askedForNccl, where, "cuda_transport=nccl, but ", why);
+    auto options = [](const Record& record) {
+      return strCat("algorithm=", algorithmName(static_cast<Algorithm>(record.algorithm)), ", compression=",
+                    record.codec == 0 ? "none" : codecs::codecName(static_cast<codecs::Codec>(record.codec - 1)),
+                    ", chunk_bytes=", record.chunkBytes);
+    };
+    for (int r = 1; r < size_ && useNccl; ++r) {
+      TORCH_CHECK_VALUE(options(all[r]) == options(all[0]), where, "ranks 0 and ", r,
+                        " would run CUDA collectives over NCCL with different options (", options(all[0]), " vs ",
+                        options(all[r]), "); every rank must pass the same Options");
+    }
     if (useNccl) {
       const cuda::NcclLibrary& library = cuda::NcclLibrary::load();
       C10dStore adapter(store_);
       std::atomic_store(&nccl_, std::make_shared<cuda::NcclComm>(library, adapter, "pycomm/nccl", rank_, size_,
                                                                  device.index(), comm_->timeout()));
-      comm_->logger().log(LogLevel::kInfo, strCat("CUDA all-reduce and broadcast run over NCCL point-to-point (",
+      comm_->logger().log(LogLevel::kInfo, strCat("CUDA all-reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor run over NCCL point-to-point (",
                                                   library.path(), ", version ", library.version(), ")"));
     } else {
       comm_->logger().log(LogLevel::kInfo, strCat("CUDA collectives are staged through host memory: ", why));
@@ -459,22 +525,25 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
 #endif
 }
 
-c10::intrusive_ptr<::c10d::Work> PycommBackend::submitOnDevice(OpType opType, const char* title, const at::Tensor& t,
+c10::intrusive_ptr<::c10d::Work> PycommBackend::submitOnDevice(OpType opType, const char* title, const at::Tensor& output,
+                                                               const std::vector<at::Tensor>& inputs,
                                                                std::shared_ptr<cuda::NcclComm> nccl,
-                                                               std::function<void(void* stream)> body) {
+                                                               std::function<void(algorithms::QueuedLink& link)> body) {
 #if PYCOMM_WITH_CUDA
-  auto staging = beginStaging(t.device());  // the caller's stream now; nothing is staged
-  staging->recordUse(t);
+  auto staging = beginStaging(output.device());  // the caller's stream now; nothing is staged
+  staging->recordUse(output);
+  for (const auto& t : inputs) staging->recordUse(t);
   auto comm = comm_;
   return runStaged(staging, [&] {
-    return submit(opType, title, {t}, [staging, nccl, body = std::move(body), comm, title] {
+    return submit(opType, title, {output}, [staging, nccl, body = std::move(body), comm, title] {
       // The worker's copyIn() has ordered the stream after the caller's; allocations made here
       // (contiguous copies, scratch) belong to it.
       const c10::StreamGuard guard(staging->stream());
-      void* stream = staging->stream().native_handle();
+      const auto stream = static_cast<cudaStream_t>(staging->stream().native_handle());
       try {
-        body(stream);
-        nccl->waitFor(static_cast<cudaStream_t>(stream), comm->timeout(), title);
+        cuda::NcclLink link(*nccl, stream);
+        body(link);
+        nccl->waitFor(stream, comm->timeout(), title);
       } catch (const std::exception&) {
         // Part of the schedule may be queued: the peers' next steps would pair with the wrong
         // transfers. The group's CUDA collectives fail from here on.
@@ -484,7 +553,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::submitOnDevice(OpType opType, co
     });
   });
 #else
-  (void)opType, (void)title, (void)t, (void)nccl, (void)body;
+  (void)opType, (void)title, (void)output, (void)inputs, (void)nccl, (void)body;
   TORCH_INTERNAL_ASSERT(false, "pycomm: a device collective in a build without CUDA");
 #endif
 }
@@ -535,14 +604,13 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::broadcast(std::vector<at::Tensor
       v.root(opts.rootRank);
       const int root = static_cast<int>(opts.rootRank);
       const size_t chunkBytes = comm_->config().chunkBytes;
-      return submitOnDevice(OpType::BROADCAST, "pycomm:broadcast", t, nccl, [t, nccl, root, chunkBytes](void* stream) {
-#if PYCOMM_WITH_CUDA
-        Contiguous c(t);
-        cuda::chainBroadcast(*nccl, c.flat.data_ptr(), c.flat.nbytes(), root, chunkBytes,
-                             static_cast<cudaStream_t>(stream));
-        c.copyBack();
-#endif
-      });
+      return submitOnDevice(OpType::BROADCAST, "pycomm:broadcast", t, {}, nccl,
+                            [t, root, chunkBytes](algorithms::QueuedLink& link) {
+                              Contiguous c(t);
+                              algorithms::queued::chainBroadcast(link, static_cast<uint8_t*>(c.flat.data_ptr()),
+                                                                 c.flat.nbytes(), root, chunkBytes);
+                              c.copyBack();
+                            });
     }
     auto staging = beginStaging(*device);
     auto host = staging->stage(tensors, rank_ == opts.rootRank, rank_ != opts.rootRank);
@@ -719,25 +787,18 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor
                   !opts.asyncOp);
   }
   if (auto device = v.deviceOf(tensors)) {
-    auto nccl = ncclFor(*device);
-    if (nccl && !compressionFor(v.one(tensors), &opts.reduceOp)) {
-      const at::Tensor& t = tensors[0];  // one() checked
+    if (auto nccl = ncclFor(*device)) {
+      const at::Tensor& t = v.one(tensors);
       const ReduceSpec spec = v.reduceOp(opts.reduceOp, t);
       const DataType dtype = v.reducible(t);
-      const int size = size_;
-      return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce", t, nccl, [t, nccl, spec, dtype, size](void* stream) {
-#if PYCOMM_WITH_CUDA
-        Contiguous c(t);
-        preScaled(c.flat, spec, true);
-        const size_t count = static_cast<size_t>(c.flat.numel());
-        at::Tensor scratch = at::empty({static_cast<int64_t>(cuda::ringAllreduceScratchBytes(count, size, dtype))},
-                                       c.flat.options().dtype(at::kByte));
-        cuda::ringAllreduce(*nccl, c.flat.data_ptr(), scratch.data_ptr(), count, dtype, spec.op,
-                            static_cast<cudaStream_t>(stream));
-        if (spec.average) applyAverage(c.flat, size);
-        c.copyBack();
-#endif
-      });
+      const auto codec = compressionFor(t, &opts.reduceOp);
+      auto comm = comm_;
+      return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce", t, {}, nccl,
+                            [t, spec, dtype, codec, comm](algorithms::QueuedLink& link) {
+                              Contiguous c(t);
+                              deviceAllreduce(link, c.flat, spec, dtype, codec, comm->config());
+                              c.copyBack();
+                            });
     }
     auto staging = beginStaging(*device);
     auto host = staging->stage(tensors, true, true);
@@ -861,6 +922,21 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& outp
                                                                 const ::c10d::AllgatherOptions& opts) {
   Validator v(rank_, size_, "allgather_into_tensor");
   if (auto device = v.deviceOf({input, output})) {
+    if (auto nccl = ncclFor(*device); nccl && !compressionFor(input, nullptr)) {
+      v.sameDtype(input, output);
+      v.holdsOnePerRank(output, "output", input, "input");
+      const int rank = rank_, size = size_;
+      return submitOnDevice(OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", output, {input}, nccl,
+                            [input, output, rank, size](algorithms::QueuedLink& link) {
+                              Contiguous in(input), out(output);
+                              const int64_t n = in.flat.numel();
+                              out.flat.view(-1).narrow(0, rank * n, n).copy_(in.flat.view(-1));
+                              algorithms::queued::ringAllgather(
+                                  link, static_cast<uint8_t*>(out.flat.data_ptr()),
+                                  algorithms::Segments(in.flat.nbytes(), size, true), 1);
+                              out.copyBack();
+                            });
+    }
     auto staging = beginStaging(*device);
     auto hostIn = staging->stage(input, true, false);
     auto hostOut = staging->stage(output, false, true);
@@ -868,9 +944,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& outp
   }
   v.tensor(input);
   v.sameType(input, output);
-  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, v.where(), "output has ", output.numel(),
-                    " elements but the group of ", size_, " ranks with ", input.numel(),
-                    " input elements each needs ", input.numel() * size_);
+  v.holdsOnePerRank(output, "output", input, "input");
   const Layout layout = movable(input);
   Contiguous in(input), out(output);
   auto comm = comm_;
@@ -1065,6 +1139,32 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
   Validator v(rank_, size_, "reduce_scatter_tensor");
   if (auto device = v.deviceOf({input, output})) {
+    if (auto nccl = ncclFor(*device); nccl && !compressionFor(output, &opts.reduceOp)) {
+      v.sameDtype(output, input);
+      v.holdsOnePerRank(input, "input", output, "output");
+      const ReduceSpec spec = v.reduceOp(opts.reduceOp, output);
+      const DataType dtype = v.reducible(output);
+      const int rank = rank_, size = size_;
+      return submitOnDevice(OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", output, {input}, nccl,
+                            [input, output, spec, dtype, rank, size](algorithms::QueuedLink& link) {
+                              // The ring reduces in place: it works on a copy of the input.
+                              at::Tensor work = preScaled(input.contiguous().view(-1), spec, false);
+                              if (work.data_ptr() == input.data_ptr()) work = work.clone();
+                              Contiguous out(output);
+                              const int64_t n = out.flat.numel();
+                              at::Tensor area = at::empty(
+                                  {static_cast<int64_t>(algorithms::queued::ringScratchBytes(
+                                      algorithms::Segments(static_cast<size_t>(n), size, true), dtype))},
+                                  work.options().dtype(at::kByte));
+                              algorithms::queued::ringReduceScatter(link, static_cast<uint8_t*>(work.data_ptr()),
+                                                                    area.data_ptr<uint8_t>(),
+                                                                    algorithms::Segments(static_cast<size_t>(n), size, true),
+                                                                    dtype, spec.op);
+                              out.flat.view(-1).copy_(work.narrow(0, rank * n, n));
+                              if (spec.average) applyAverage(out.flat, size);
+                              out.copyBack();
+                            });
+    }
     auto staging = beginStaging(*device);
     auto hostIn = staging->stage(input, true, false);
     auto hostOut = staging->stage(output, false, true);
@@ -1072,9 +1172,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
   }
   v.tensor(output);
   v.sameType(output, input);
-  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, v.where(), "input has ", input.numel(),
-                    " elements but the group of ", size_, " ranks with ", output.numel(),
-                    " output elements each needs ", output.numel() * size_);
+  v.holdsOnePerRank(input, "input", output, "output");
   const ReduceSpec spec = v.reduceOp(opts.reduceOp, output);
   const DataType dtype = v.reducible(output);
   Contiguous in(input), out(output);

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/algorithms/queued_link.h"
 #include "core/communicator.h"
 #include "device_staging.h"
 #include "work.h"
@@ -107,16 +108,19 @@ class PycommBackend final : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> runStaged(std::shared_ptr<DeviceStaging> staging,
                                              const std::function<c10::intrusive_ptr<::c10d::Work>()>& cpuOp);
   // The group's NCCL communicator for collectives on `device`, or null when they are staged. The
-  // first call decides for the whole group (collective: every rank's first all-reduce or broadcast
-  // of a CUDA tensor calls it at the same point of its sequence): NCCL when every rank can load it
+  // first call decides for the whole group (collective: every rank's first all-reduce, broadcast,
+  // all_gather_into_tensor or reduce_scatter_tensor of a CUDA tensor calls it at the same point of
+  // its sequence): NCCL when every rank can load it
   // and has a GPU of its own, staging otherwise. Needs a CUDA build; null in a CPU one.
   std::shared_ptr<cuda::NcclComm> ncclFor(c10::Device device);
-  // A collective on one CUDA tensor run by `body` on the communication stream (passed as a
-  // cudaStream_t cast to void*): ordered after the caller's stream, waited for by the worker with
-  // the group's timeout, and the Work orders the caller's stream after it like a staged op's.
-  c10::intrusive_ptr<::c10d::Work> submitOnDevice(::c10d::OpType opType, const char* title, const at::Tensor& t,
+  // A collective on CUDA tensors run by `body` over the group's NCCL link (a queued schedule on the
+  // communication stream, which is current while it runs): ordered after the caller's stream,
+  // waited for by the worker with the group's timeout, and the Work orders the caller's stream after
+  // it like a staged op's. `output` is the future's value; `inputs` are kept alive for the stream.
+  c10::intrusive_ptr<::c10d::Work> submitOnDevice(::c10d::OpType opType, const char* title, const at::Tensor& output,
+                                                  const std::vector<at::Tensor>& inputs,
                                                   std::shared_ptr<cuda::NcclComm> nccl,
-                                                  std::function<void(void* stream)> body);
+                                                  std::function<void(algorithms::QueuedLink& link)> body);
   // A receive, posted at once like a send; `anyPeer`: srcRank is Transport::kAnyPeer.
   c10::intrusive_ptr<::c10d::Work> postReceive(std::vector<at::Tensor>& tensors, int srcRank, int tag, bool anyPeer);
   void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
