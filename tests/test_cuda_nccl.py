@@ -1,4 +1,4 @@
-"""CUDA all-reduce and broadcast over NCCL point-to-point, with pycomm's schedules and kernels.
+"""CUDA collectives over NCCL point-to-point, with pycomm's schedules and kernels.
 
 Needs a CUDA build of pycomm, a GPU and NCCL (torch's CUDA wheels bring it). NCCL refuses two
 ranks on one GPU of one host, so on a one-GPU machine every rank sets NCCL_HOSTID to a value of its
@@ -8,11 +8,13 @@ so a passing test ran the NCCL path.
 
 Checks: every dtype and reduce op pycomm reduces, against a float64 reference; float32 SUM bit for
 bit against the CPU ring at the same world size (same segments, same order of additions, kernels
-bit-identical to the CPU reduction); the tree and the four compressed all-reduces bit for bit
-against their CPU counterparts; all_gather_into_tensor exactly and reduce_scatter_tensor against the
-reference and the CPU ring's bits; broadcast from every root in several chunks; the caller's
-stream semantics (an op issued while the stream is still busy reads the final value). The schedules
-themselves are also checked without a GPU (tests/native/test_queued_collectives.cc).
+bit-identical to the CPU reduction); the tree, and the four codecs' all-reduce (group option and
+per-call codec), reduce-scatter and all-gather, bit for bit against their CPU counterparts;
+all_gather_into_tensor exactly (also in place, FSDP's pattern) and reduce_scatter_tensor against
+the reference and the CPU ring's bits, its input left unchanged; broadcast from every root in
+several chunks; the caller's stream semantics (an op issued while the stream is still busy reads
+the final value). The schedules themselves are also checked without a GPU
+(tests/native/test_queued_collectives.cc).
 """
 
 from __future__ import annotations
@@ -169,16 +171,24 @@ def _check_other_schedules(
         outcome = check_reduced(wide[::2].cpu(), mine, "avg")
         if outcome or not bool((wide[1::2] == 0).all()):
             problems.append(f"reduce_scatter_tensor strided avg n={n}: {outcome or 'gaps written'}")
-        for codec in ("fp16", "fp8_e4m3"):  # staged even with NCCL: the CPU's compressed path
+        for codec in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2"):
             on_gpu, on_cpu = groups[codec]
-            g, c = torch.empty(n, device=dev), torch.empty(n)
-            dist.reduce_scatter_tensor(g, source, group=on_gpu)
-            dist.reduce_scatter_tensor(c, blocks[rank].clone(), group=on_cpu)
-            same_bits(f"reduce_scatter_tensor {codec} n={n}", g, c)
-            g, c = torch.empty(world * n, device=dev), torch.empty(world * n)
-            dist.all_gather_into_tensor(g, inputs[rank].to(dev), group=on_gpu)
+            for op in ("sum", "avg"):
+                g, c = torch.empty(n, device=dev), torch.empty(n)
+                dist.reduce_scatter_tensor(g, source, op=reduce_op(op), group=on_gpu)
+                dist.reduce_scatter_tensor(c, blocks[rank].clone(), op=reduce_op(op), group=on_cpu)
+                same_bits(f"reduce_scatter_tensor {codec} {op} n={n}", g, c)
+            g = torch.empty(world * n, device=dev)
+            g[rank * n : (rank + 1) * n] = inputs[rank].to(dev)
+            dist.all_gather_into_tensor(g, g[rank * n : (rank + 1) * n], group=on_gpu)
+            c = torch.empty(world * n)
             dist.all_gather_into_tensor(c, inputs[rank].clone(), group=on_cpu)
             same_bits(f"all_gather_into_tensor {codec} n={n}", g, c)
+            # The per-call codec (what pycomm's DDP hooks use) on the default group, over NCCL.
+            g, c = inputs[rank].to(dev), inputs[rank].clone()
+            pycomm.all_reduce(g, op=dist.ReduceOp.AVG, compression=codec)
+            pycomm.all_reduce(c, op=dist.ReduceOp.AVG, compression=codec, group=on_cpu)
+            same_bits(f"pycomm.all_reduce compression={codec} n={n}", g, c)
         maxed = torch.empty(n, dtype=torch.int32, device=dev)
         int_blocks = [input_for(37 + n, r, (world * n,), torch.int32, "max") for r in range(world)]
         dist.reduce_scatter_tensor(maxed, int_blocks[rank].to(dev), op=dist.ReduceOp.MAX)

@@ -456,4 +456,19 @@ void decodeAddEncode(Codec codec, const uint8_t* in, const float* acc, size_t co
   if (count) detail::checkLaunch("decodeAddEncode");
 }
 
+namespace {
+
+__global__ void __launch_bounds__(kThreads) scaleKernel(float* data, size_t count, float factor) {
+  for (size_t i = detail::gridThread(); i < count; i += detail::gridThreads()) data[i] = ops::mul(data[i], factor);
+}
+
+}  // namespace
+
+void scale(float* data, size_t count, float factor, cudaStream_t stream) {
+  if (count == 0) return;
+  auto* kernel = scaleKernel;
+  kernel<<<detail::gridFor(kernel, count), kThreads, 0, stream>>>(data, count, factor);
+  detail::checkLaunch("scale");
+}
+
 }  // namespace pycomm::cuda

@@ -53,5 +53,8 @@ void decode(Codec codec, const uint8_t* in, size_t count, float* out, cudaStream
 void decodeAdd(Codec codec, const uint8_t* in, size_t count, float* acc, cudaStream_t stream);
 void decodeAddEncode(Codec codec, const uint8_t* in, const float* acc, size_t count, uint8_t* out,
                      cudaStream_t stream, float scale = 1.0f);
+// data[i] *= factor, one correctly rounded fp32 product with x86's NaN bits (the CPU's
+// `x *= factor`): the AVG of a compressed reduce-scatter, whose sum stays in fp32.
+void scale(float* data, size_t count, float factor, cudaStream_t stream);
 
 }  // namespace pycomm::cuda

@@ -32,6 +32,8 @@ void NcclLink::decodeAdd(codecs::Codec codec, const uint8_t* in, size_t count, f
   cuda::decodeAdd(codec, in, count, acc, stream_);
 }
 
+void NcclLink::scale(float* data, size_t count, float factor) { cuda::scale(data, count, factor, stream_); }
+
 void NcclLink::decodeAddEncode(codecs::Codec codec, const uint8_t* in, const float* acc, size_t count, uint8_t* out,
                                float scale) {
   cuda::decodeAddEncode(codec, in, acc, count, out, stream_, scale);

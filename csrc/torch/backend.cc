@@ -209,6 +209,11 @@ at::Tensor preScaled(const at::Tensor& t, const ReduceSpec& spec, bool inPlace) 
   return inPlace ? t.mul_(*spec.preScale) : t.mul(*spec.preScale);
 }
 
+// A scratch area of `bytes` on the device of `like`, for a queued schedule.
+at::Tensor deviceScratch(const at::Tensor& like, size_t bytes) {
+  return at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, like.options().dtype(at::kByte));
+}
+
 // An all-reduce of a contiguous device tensor over a queued link (NCCL): the group's compression
 // when it applies, else the tree when the group's algorithm is "tree" and the ring otherwise (rhd
 // has no device schedule, and auto has no measured GPU costs to choose by yet). Each gives the bits
@@ -217,9 +222,7 @@ void deviceAllreduce(algorithms::QueuedLink& link, const at::Tensor& flat, const
                      std::optional<codecs::Codec> codec, const Config& config) {
   namespace queued = algorithms::queued;
   const size_t count = static_cast<size_t>(flat.numel());
-  auto scratch = [&](size_t bytes) {
-    return at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, flat.options().dtype(at::kByte));
-  };
+  auto scratch = [&](size_t bytes) { return deviceScratch(flat, bytes); };
   if (codec) {
     at::Tensor area = scratch(queued::compressedScratchBytes(count, link.size(), link.rank(), *codec, config.chunkBytes));
     queued::compressedAllreduce(link, flat.data_ptr<float>(), area.data_ptr<uint8_t>(), count, *codec, spec.average,
@@ -237,6 +240,46 @@ void deviceAllreduce(algorithms::QueuedLink& link, const at::Tensor& flat, const
     queued::ringAllreduce(link, data, area.data_ptr<uint8_t>(), count, dtype, spec.op);
   }
   if (spec.average) applyAverage(flat, link.size());
+}
+
+// all_gather_into_tensor over a queued link: the ring, or the group's compression (float32).
+// `in` may be this rank's block of `out` (FSDP's pattern).
+void deviceAllgather(algorithms::QueuedLink& link, const at::Tensor& in, const at::Tensor& out,
+                     std::optional<codecs::Codec> codec) {
+  namespace queued = algorithms::queued;
+  const int64_t n = in.numel();
+  if (codec) {
+    at::Tensor area = deviceScratch(out, queued::compressedAllgatherScratchBytes(n, link.size(), *codec));
+    queued::compressedAllgather(link, in.data_ptr<float>(), out.data_ptr<float>(), area.data_ptr<uint8_t>(), n, *codec);
+    return;
+  }
+  out.view(-1).narrow(0, link.rank() * n, n).copy_(in.view(-1));
+  queued::ringAllgather(link, static_cast<uint8_t*>(out.data_ptr()), algorithms::Segments(in.nbytes(), link.size(), true),
+                        1);
+}
+
+// reduce_scatter_tensor over a queued link: the ring on a copy of `input` (it reduces in place), or
+// the group's compression (float32, SUM or AVG). `input` is left as it was.
+void deviceReduceScatter(algorithms::QueuedLink& link, const at::Tensor& input, const at::Tensor& out,
+                         const ReduceSpec& spec, DataType dtype, std::optional<codecs::Codec> codec) {
+  namespace queued = algorithms::queued;
+  const int p = link.size();
+  const size_t n = static_cast<size_t>(out.numel());
+  if (codec) {
+    const at::Tensor in = input.contiguous();
+    at::Tensor area = deviceScratch(out, queued::compressedReduceScatterScratchBytes(n, p, *codec));
+    queued::compressedReduceScatter(link, in.data_ptr<float>(), out.data_ptr<float>(), area.data_ptr<uint8_t>(), n,
+                                    *codec, spec.average);
+    return;
+  }
+  at::Tensor work = preScaled(input.contiguous().view(-1), spec, false);
+  if (work.data_ptr() == input.data_ptr()) work = work.clone();
+  const algorithms::Segments blocks(n, p, true);
+  at::Tensor area = deviceScratch(out, queued::ringScratchBytes(blocks, dtype));
+  queued::ringReduceScatter(link, static_cast<uint8_t*>(work.data_ptr()), area.data_ptr<uint8_t>(), blocks, dtype,
+                            spec.op);
+  out.view(-1).copy_(work.narrow(0, link.rank() * static_cast<int64_t>(n), static_cast<int64_t>(n)));
+  if (spec.average) applyAverage(out, p);
 }
 
 c10::TypePtr tensorListType() { return c10::ListType::create(c10::TensorType::get()); }
@@ -640,12 +683,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
                                                                     const ::c10d::ReduceOp& op,
                                                                     const std::string& codecName) {
   Validator v(rank_, size_, "allreduce");
-  if (auto device = v.deviceOf({tensor})) {
-    auto staging = beginStaging(*device);
-    auto host = staging->stage(tensor, true, true);
-    return runStaged(staging, [&] { return allreduceCompressed(host, op, codecName); });
-  }
-  v.tensor(tensor);
+  const auto device = v.deviceOf({tensor});
+  if (!device) v.tensor(tensor);
   TORCH_CHECK_TYPE(tensor.scalar_type() == at::kFloat, v.where(), "compression needs a float32 tensor, got ",
                    tensor.scalar_type());
   TORCH_CHECK_VALUE(op.op_ == ::c10d::ReduceOp::SUM || op.op_ == ::c10d::ReduceOp::AVG, v.where(),
@@ -657,8 +696,23 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
     TORCH_CHECK_VALUE(false, v.where(), e.what());
   }
   const bool average = op.op_ == ::c10d::ReduceOp::AVG;
-  Contiguous c(tensor);
   auto comm = comm_;
+  if (device) {
+    if (auto nccl = ncclFor(*device)) {
+      ReduceSpec spec;
+      spec.average = average;
+      return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce_compressed", tensor, {}, nccl,
+                            [tensor, spec, codec, comm](algorithms::QueuedLink& link) {
+                              Contiguous c(tensor);
+                              deviceAllreduce(link, c.flat, spec, DataType::kFloat32, codec, comm->config());
+                              c.copyBack();
+                            });
+    }
+    auto staging = beginStaging(*device);
+    auto host = staging->stage(tensor, true, true);
+    return runStaged(staging, [&] { return allreduceCompressed(host, op, codecName); });
+  }
+  Contiguous c(tensor);
   return submit(OpType::ALLREDUCE, "pycomm:all_reduce_compressed", {tensor}, [comm, c, codec, average] {
     comm->allreduceCompressed(c.flat.data_ptr<float>(), c.flat.numel(), codec, average);
     c.copyBack();
@@ -922,18 +976,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& outp
                                                                 const ::c10d::AllgatherOptions& opts) {
   Validator v(rank_, size_, "allgather_into_tensor");
   if (auto device = v.deviceOf({input, output})) {
-    if (auto nccl = ncclFor(*device); nccl && !compressionFor(input, nullptr)) {
+    if (auto nccl = ncclFor(*device)) {
       v.sameDtype(input, output);
       v.holdsOnePerRank(output, "output", input, "input");
-      const int rank = rank_, size = size_;
+      const auto codec = compressionFor(input, nullptr);
       return submitOnDevice(OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", output, {input}, nccl,
-                            [input, output, rank, size](algorithms::QueuedLink& link) {
+                            [input, output, codec](algorithms::QueuedLink& link) {
                               Contiguous in(input), out(output);
-                              const int64_t n = in.flat.numel();
-                              out.flat.view(-1).narrow(0, rank * n, n).copy_(in.flat.view(-1));
-                              algorithms::queued::ringAllgather(
-                                  link, static_cast<uint8_t*>(out.flat.data_ptr()),
-                                  algorithms::Segments(in.flat.nbytes(), size, true), 1);
+                              deviceAllgather(link, in.flat, out.flat, codec);
                               out.copyBack();
                             });
     }
@@ -1139,29 +1189,16 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
   Validator v(rank_, size_, "reduce_scatter_tensor");
   if (auto device = v.deviceOf({input, output})) {
-    if (auto nccl = ncclFor(*device); nccl && !compressionFor(output, &opts.reduceOp)) {
+    if (auto nccl = ncclFor(*device)) {
       v.sameDtype(output, input);
       v.holdsOnePerRank(input, "input", output, "output");
       const ReduceSpec spec = v.reduceOp(opts.reduceOp, output);
       const DataType dtype = v.reducible(output);
-      const int rank = rank_, size = size_;
+      const auto codec = compressionFor(output, &opts.reduceOp);
       return submitOnDevice(OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", output, {input}, nccl,
-                            [input, output, spec, dtype, rank, size](algorithms::QueuedLink& link) {
-                              // The ring reduces in place: it works on a copy of the input.
-                              at::Tensor work = preScaled(input.contiguous().view(-1), spec, false);
-                              if (work.data_ptr() == input.data_ptr()) work = work.clone();
+                            [input, output, spec, dtype, codec](algorithms::QueuedLink& link) {
                               Contiguous out(output);
-                              const int64_t n = out.flat.numel();
-                              at::Tensor area = at::empty(
-                                  {static_cast<int64_t>(algorithms::queued::ringScratchBytes(
-                                      algorithms::Segments(static_cast<size_t>(n), size, true), dtype))},
-                                  work.options().dtype(at::kByte));
-                              algorithms::queued::ringReduceScatter(link, static_cast<uint8_t*>(work.data_ptr()),
-                                                                    area.data_ptr<uint8_t>(),
-                                                                    algorithms::Segments(static_cast<size_t>(n), size, true),
-                                                                    dtype, spec.op);
-                              out.flat.view(-1).copy_(work.narrow(0, rank * n, n));
-                              if (spec.average) applyAverage(out.flat, size);
+                              deviceReduceScatter(link, input, out.flat, spec, dtype, codec);
                               out.copyBack();
                             });
     }

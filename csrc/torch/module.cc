@@ -118,8 +118,11 @@ PYBIND11_MODULE(_C, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("config"))
       .def("set_algorithm", &PycommBackend::setAlgorithm, py::arg("algorithm"),
            "Use this all-reduce algorithm for the ops issued after this call.")
+      // Without the GIL: a group's first CUDA op waits for the worker (the NCCL route decision),
+      // whose completion callbacks may need it.
       .def("allreduce_compressed", &PycommBackend::allreduceCompressed, py::arg("tensor"), py::arg("op"),
-           py::arg("codec"), "All-reduce a float32 tensor compressed with codec (rounding twice).")
+           py::arg("codec"), "All-reduce a float32 tensor compressed with codec (rounding twice).",
+           py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const PycommBackend& backend) {
              py::dict out;
              for (const auto& [key, s] : backend.stats()) {

@@ -155,6 +155,30 @@ void checkReduce() {
 
 const Codec kCodecs[] = {Codec::kFp16, Codec::kBf16, Codec::kFp8E4M3, Codec::kFp8E5M2};
 
+// scale(): every bit pattern class (NaNs with payloads and signs, infinities, subnormals, zeros)
+// times several factors, against the CPU's `x *= factor`, at an odd offset.
+void checkScale() {
+  const size_t n = 100003;
+  std::vector<float> host(n);
+  uint32_t state = 12345u;
+  for (size_t i = 0; i < n; ++i) {
+    state = state * 1664525u + 1013904223u;
+    uint32_t bits = state;
+    if (i % 7 == 0) bits = (bits & 0x807fffffu) | 0x7f800000u;  // NaN or infinity
+    if (i % 11 == 0) bits &= 0x807fffffu;                       // subnormal or zero
+    std::memcpy(&host[i], &bits, 4);
+  }
+  for (float factor : {1.0f / 3.0f, 0.5f, 1.0f / 7.0f, 1.0f, -2.0f}) {
+    std::vector<float> want = host;
+    for (float& x : want) x *= factor;
+    DevRegion d(n * 4, 4);
+    d.upload(host.data());
+    cuda::scale(d.as<float>(), n, factor, nullptr);
+    const std::string what = "scale by " + std::to_string(factor);
+    expect(sameBytes(what, d.download(what), want.data(), n, 4), what);
+  }
+}
+
 void checkCodecCase(Codec codec, size_t count, size_t fOff, size_t eOff) {
   const std::string tag = std::string(codecs::codecName(codec)) + " n=" + std::to_string(count) + " off=" +
                           std::to_string(fOff) + "f," + std::to_string(eOff) + "b";
@@ -493,6 +517,7 @@ int main(int argc, char** argv) {
     checkReduce();
     checkCodecs();
     checkDecodeEveryCode();
+    checkScale();
     if (!quick) checkAllInputs();
     rows = bandwidth(benchMib);
   } catch (const std::exception& e) {

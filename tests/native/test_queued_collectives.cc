@@ -135,6 +135,9 @@ class HostLink final : public QueuedLink {
   void decodeAdd(codecs::Codec codec, const uint8_t* in, size_t count, float* acc) override {
     codecs::decodeAdd(codec, in, count, acc);
   }
+  void scale(float* data, size_t count, float factor) override {
+    for (size_t i = 0; i < count; ++i) data[i] *= factor;
+  }
   // The CPU sequence the CUDA kernel is specified by (csrc/cuda/codec_kernels.cuh).
   void decodeAddEncode(codecs::Codec codec, const uint8_t* in, const float* acc, size_t count, uint8_t* out,
                        float scale) override {
@@ -319,6 +322,39 @@ void checkCompressed(int size) {
   }
 }
 
+// Compressed reduce-scatter (SUM and AVG) and all-gather.
+void checkCompressedScatterGather(int size) {
+  MemoryStore store;
+  auto comms = cpuGroup(size, store, Algorithm::kRing, 4096);
+  for (auto codec : {codecs::Codec::kFp16, codecs::Codec::kBf16, codecs::Codec::kFp8E4M3, codecs::Codec::kFp8E5M2}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{255}, size_t{257}, size_t{3001}}) {
+      HostFabric fabric(std::chrono::seconds(20));
+      runRanks(size, [&](int r) {
+        HostLink link(fabric, r, size);
+        const std::vector<float> input = randomFloats(r, count * size, 6);
+        for (bool average : {false, true}) {
+          std::vector<float> mine(count), cpu(count);
+          std::vector<uint8_t> scratch(algorithms::queued::compressedReduceScatterScratchBytes(count, size, codec));
+          algorithms::queued::compressedReduceScatter(link, input.data(), mine.data(), scratch.data(), count, codec,
+                                                      average);
+          comms[r]->reduceScatterCompressed(input.data(), cpu.data(), count, codec, average);
+          EXPECT_TRUE(sameBits(mine, cpu), "compressed reduce-scatter ", codecs::codecName(codec),
+                      average ? " avg" : " sum", " differs from the CPU's: world ", size, " count ", count);
+        }
+        // All-gather in place, block r of the output as input (FSDP's pattern).
+        std::vector<float> mine(count * size, -1.0f), cpu(count * size);
+        std::copy(input.begin(), input.begin() + count, mine.begin() + r * count);
+        std::vector<uint8_t> scratch(algorithms::queued::compressedAllgatherScratchBytes(count, size, codec));
+        algorithms::queued::compressedAllgather(link, mine.data() + r * count, mine.data(), scratch.data(), count,
+                                                codec);
+        comms[r]->allgatherCompressed(input.data(), cpu.data(), count, codec);
+        EXPECT_TRUE(sameBits(mine, cpu), "compressed all-gather ", codecs::codecName(codec),
+                    " differs from the CPU's: world ", size, " count ", count);
+      });
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -328,6 +364,9 @@ int main() {
     checkReduceScatterAllgather(size);
     checkBroadcast(size);
   }
-  for (int size = 1; size <= 7; ++size) checkCompressed(size);
+  for (int size = 1; size <= 7; ++size) {
+    checkCompressed(size);
+    checkCompressedScatterGather(size);
+  }
   return pycomm::testing::finish("test_queued_collectives");
 }

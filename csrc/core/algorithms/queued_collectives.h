@@ -51,4 +51,17 @@ size_t compressedScratchBytes(size_t count, int size, int rank, codecs::Codec co
 void compressedAllreduce(QueuedLink& link, float* data, uint8_t* scratch, size_t count, codecs::Codec codec,
                          bool average, size_t chunkBytes);
 
+size_t compressedReduceScatterScratchBytes(size_t count, int size, codecs::Codec codec);
+// compressed.h's reduce-scatter: `in` holds p blocks of count floats; block r, summed in fp32 in rank
+// order over the encoded blocks (one rounding), lands in `out`, times the float 1/p if `average`.
+void compressedReduceScatter(QueuedLink& link, const float* in, float* out, uint8_t* scratch, size_t count,
+                             codecs::Codec codec, bool average);
+
+size_t compressedAllgatherScratchBytes(size_t count, int size, codecs::Codec codec);
+// compressed.h's all-gather: every rank encodes its count floats once, the encodings go round the
+// ring, and every rank decodes all of them (its own too) into `out` (p blocks). `in` may be block r
+// of `out`: it is encoded before anything is written.
+void compressedAllgather(QueuedLink& link, const float* in, float* out, uint8_t* scratch, size_t count,
+                         codecs::Codec codec);
+
 }  // namespace pycomm::algorithms::queued

@@ -46,6 +46,8 @@ class QueuedLink {
   virtual void encode(codecs::Codec codec, const float* in, size_t count, uint8_t* out) = 0;
   virtual void decode(codecs::Codec codec, const uint8_t* in, size_t count, float* out) = 0;
   virtual void decodeAdd(codecs::Codec codec, const uint8_t* in, size_t count, float* acc) = 0;
+  // data[i] *= factor in fp32, as the CPU's scaling loops do.
+  virtual void scale(float* data, size_t count, float factor) = 0;
   // out = encode((acc + decode(in)) * scale), acc unchanged; the product is skipped when scale == 1.
   virtual void decodeAddEncode(codecs::Codec codec, const uint8_t* in, const float* acc, size_t count,
                                uint8_t* out, float scale) = 0;
