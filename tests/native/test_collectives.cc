@@ -15,6 +15,7 @@
 #include <numeric>
 
 #include "core/communicator.h"
+#include "group.h"
 #include "harness.h"
 
 using namespace pycomm;
@@ -29,19 +30,13 @@ std::vector<std::unique_ptr<Communicator>> makeGroup(int size, MemoryStore& stor
                                                      std::chrono::milliseconds timeout = std::chrono::seconds(20),
                                                      Algorithm algorithm = Algorithm::kAuto,
                                                      const std::string& hostId = "") {
-  std::vector<std::unique_ptr<Communicator>> comms(size);
-  runRanks(size, [&](int r) {
-    Config config;
-    config.rank = r;
-    config.size = size;
+  return pycomm::testing::makeGroup(size, store, [&](int, Config& config) {
     config.timeout = timeout;
     config.chunkBytes = chunkBytes;
     config.algorithm = algorithm;
     config.hostId = hostId;
     config.shmSlotBytes = 4096;  // small slots: many steps per op
-    comms[r] = std::make_unique<Communicator>(config, store);
   });
-  return comms;
 }
 
 void checkCollectives(int size, size_t chunkBytes, const std::string& hostId = "") {
@@ -305,16 +300,11 @@ void checkCompressedAllreduce() {
 void checkHierarchical(int hosts, int perHost) {
   const int size = hosts * perHost;
   MemoryStore store;
-  std::vector<std::unique_ptr<Communicator>> comms(size);
-  runRanks(size, [&](int r) {
-    Config config;
-    config.rank = r;
-    config.size = size;
+  auto comms = pycomm::testing::makeGroup(size, store, [&](int r, Config& config) {
     config.timeout = std::chrono::seconds(20);
     config.chunkBytes = 4096;
     config.shmSlotBytes = 4096;
     config.hostId = strCat("host", r % hosts);  // interleaved, as a launcher might place them
-    comms[r] = std::make_unique<Communicator>(config, store);
   });
   for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}, size_t{100003}}) {
     runRanks(size, [&](int r) {

@@ -23,6 +23,7 @@
 #include "core/algorithms/queued_collectives.h"
 #include "core/codecs/reduce.h"
 #include "core/communicator.h"
+#include "group.h"
 #include "harness.h"
 
 using namespace pycomm;
@@ -157,18 +158,12 @@ class HostLink final : public QueuedLink {
 
 std::vector<std::unique_ptr<Communicator>> cpuGroup(int size, MemoryStore& store, Algorithm algorithm,
                                                     size_t chunkBytes) {
-  std::vector<std::unique_ptr<Communicator>> comms(size);
-  runRanks(size, [&](int r) {
-    Config config;
-    config.rank = r;
-    config.size = size;
+  return pycomm::testing::makeGroup(size, store, [&](int, Config& config) {
     config.timeout = std::chrono::seconds(30);
     config.transport = TransportKind::kTcp;
     config.algorithm = algorithm;
     config.chunkBytes = chunkBytes;
-    comms[r] = std::make_unique<Communicator>(config, store);
   });
-  return comms;
 }
 
 std::vector<float> randomFloats(int rank, size_t count, uint32_t salt) {
