@@ -1,6 +1,7 @@
 #include "queued_collectives.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "../error.h"
@@ -28,10 +29,20 @@ size_t treeAreaBytes(size_t count, size_t chunkElems, size_t esize) {
   return ((std::max<size_t>(1, std::min(chunkElems, (count + 1) / 2)) * esize + 15) & ~size_t{15}) + 16;
 }
 
-// Hops from `rank` to the root of tree t of the double binary tree over `size` ranks.
-int treeDepth(int rank, int size, int tree) {
-  int depth = 0;
-  for (int at = doubleTreeNode(rank, size, tree).parent; at >= 0; at = doubleTreeNode(at, size, tree).parent) ++depth;
+// Every rank's hops to the root of tree t of the double binary tree over `size` ranks: each parent
+// chain is walked once (O(size) per op, not O(size log size) per rank).
+std::vector<int> treeDepths(int size, int tree) {
+  std::vector<int> depth(size, -1);
+  std::vector<int> path;
+  for (int q = 0; q < size; ++q) {
+    int at = q;
+    while (at >= 0 && depth[at] < 0) {
+      path.push_back(at);
+      at = doubleTreeNode(at, size, tree).parent;
+    }
+    int d = at < 0 ? -1 : depth[at];
+    for (; !path.empty(); path.pop_back()) depth[path.back()] = ++d;
+  }
   return depth;
 }
 
@@ -97,10 +108,11 @@ void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t cou
   const size_t chunks = std::max<size_t>(1, (halves[0] + chunkElems - 1) / chunkElems);
   const size_t areaBytes = treeAreaBytes(count, chunkElems, esize);
   const TreeNode nodes[2] = {doubleTreeNode(r, p, 0), doubleTreeNode(r, p, 1)};
-  int depth[2], height[2] = {0, 0};  // this rank's depth; the deepest rank's
+  int depth[2], height[2];  // this rank's depth; the deepest rank's
   for (int t = 0; t < 2; ++t) {
-    depth[t] = treeDepth(r, p, t);
-    for (int q = 0; q < p; ++q) height[t] = std::max(height[t], treeDepth(q, p, t));
+    const std::vector<int> depths = treeDepths(p, t);
+    depth[t] = depths[r];
+    height[t] = *std::max_element(depths.begin(), depths.end());
   }
   auto chunkAt = [&](int t, size_t c) { return data + (base[t] + std::min(halves[t], c * chunkElems)) * esize; };
   auto chunkLength = [&](int t, size_t c) {
