@@ -2,7 +2,7 @@
 
 Each rank makes its own random sparse tensor (nnz differing from rank to rank, none on one rank,
 duplicate indices before coalescing); the result must equal the float64 sum of every rank's dense
-form (integers exactly). DDP with nn.Embedding(sparse=True) is checked against a single process
+form (integers exactly). Tensors with no entries on any rank sum to an empty tensor. DDP with nn.Embedding(sparse=True) is checked against a single process
 training on the concatenated batch, as in test_ddp_fsdp.py.
 """
 
@@ -56,6 +56,15 @@ def _sparse_worker(rank: int, world: int) -> list[str]:
         err = (got - want).abs() - REL_TOL * want.abs().clamp(min=1.0)
         if not t.is_sparse or got.shape != want.shape or (got.numel() and float(err.max()) > 0):
             problems.append(f"case {seed} {shape} {dtype}: wrong sum")
+
+    # No entries on any rank: the sum is an empty sparse tensor of the same shape.
+    for shape, sparse_dim in (((5,), 1), ((4, 3), 2), ((6, 2), 1)):
+        empty = torch.sparse_coo_tensor(
+            torch.zeros((sparse_dim, 0), dtype=torch.long), torch.zeros((0, *shape[sparse_dim:])), shape
+        )
+        dist.all_reduce(empty)
+        if not empty.is_sparse or empty.shape != shape or empty._nnz() != 0:
+            problems.append(f"all ranks empty {shape}: got {empty}")
 
     # Mismatched shapes fail on every rank, and the group is still usable.
     bad = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (5 + rank,))
