@@ -181,7 +181,7 @@ else
     python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_staged.py 2>&1 | tail -n 30 | tee -a "$RESULT"
     staged_rc=${PIPESTATUS[0]}
     # NCCL needs the CUDA extension; on one GPU the test gives each rank its own NCCL_HOSTID.
-    echo "== backend: tests/test_cuda_nccl.py (all_reduce and broadcast over NCCL point-to-point) ==" | tee -a "$RESULT"
+    echo "== backend: tests/test_cuda_nccl.py (collectives over NCCL point-to-point) ==" | tee -a "$RESULT"
     python3 -m pytest -q -p no:cacheprovider tests/test_cuda_nccl.py 2>&1 | tail -n 30 | tee -a "$RESULT"
     [[ ${PIPESTATUS[0]} -ne 0 && $staged_rc -eq 0 ]] && staged_rc=1
     echo "== backend: all_reduce, world 2 on one GPU, pycomm (staged) vs gloo ==" | tee -a "$RESULT"

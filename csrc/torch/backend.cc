@@ -214,19 +214,22 @@ at::Tensor deviceScratch(const at::Tensor& like, size_t bytes) {
   return at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, like.options().dtype(at::kByte));
 }
 
-// An all-reduce of a contiguous device tensor over a queued link (NCCL): the group's compression
+// An all-reduce of a device tensor over a queued link (NCCL), in place: the group's compression
 // when it applies, else the tree when the group's algorithm is "tree" and the ring otherwise (rhd
 // has no device schedule, and auto has no measured GPU costs to choose by yet). Each gives the bits
 // the CPU algorithm of the same name gives.
-void deviceAllreduce(algorithms::QueuedLink& link, const at::Tensor& flat, const ReduceSpec& spec, DataType dtype,
+void deviceAllreduce(algorithms::QueuedLink& link, const at::Tensor& tensor, const ReduceSpec& spec, DataType dtype,
                      std::optional<codecs::Codec> codec, const Config& config) {
   namespace queued = algorithms::queued;
+  const Contiguous c(tensor);
+  const at::Tensor& flat = c.flat;
   const size_t count = static_cast<size_t>(flat.numel());
   auto scratch = [&](size_t bytes) { return deviceScratch(flat, bytes); };
   if (codec) {
     at::Tensor area = scratch(queued::compressedScratchBytes(count, link.size(), link.rank(), *codec, config.chunkBytes));
     queued::compressedAllreduce(link, flat.data_ptr<float>(), area.data_ptr<uint8_t>(), count, *codec, spec.average,
                                 config.chunkBytes);
+    c.copyBack();
     return;
   }
   preScaled(flat, spec, true);
@@ -240,46 +243,52 @@ void deviceAllreduce(algorithms::QueuedLink& link, const at::Tensor& flat, const
     queued::ringAllreduce(link, data, area.data_ptr<uint8_t>(), count, dtype, spec.op);
   }
   if (spec.average) applyAverage(flat, link.size());
+  c.copyBack();
 }
 
 // all_gather_into_tensor over a queued link: the ring, or the group's compression (float32).
-// `in` may be this rank's block of `out` (FSDP's pattern).
-void deviceAllgather(algorithms::QueuedLink& link, const at::Tensor& in, const at::Tensor& out,
+// `input` may be this rank's block of `output` (FSDP's pattern).
+void deviceAllgather(algorithms::QueuedLink& link, const at::Tensor& input, const at::Tensor& output,
                      std::optional<codecs::Codec> codec) {
   namespace queued = algorithms::queued;
-  const int64_t n = in.numel();
+  const Contiguous in(input), out(output);
+  const int64_t n = in.flat.numel();
   if (codec) {
-    at::Tensor area = deviceScratch(out, queued::compressedAllgatherScratchBytes(n, link.size(), *codec));
-    queued::compressedAllgather(link, in.data_ptr<float>(), out.data_ptr<float>(), area.data_ptr<uint8_t>(), n, *codec);
-    return;
+    at::Tensor area = deviceScratch(out.flat, queued::compressedAllgatherScratchBytes(n, link.size(), *codec));
+    queued::compressedAllgather(link, in.flat.data_ptr<float>(), out.flat.data_ptr<float>(), area.data_ptr<uint8_t>(),
+                                n, *codec);
+  } else {
+    out.flat.view(-1).narrow(0, link.rank() * n, n).copy_(in.flat.view(-1));
+    queued::ringAllgather(link, static_cast<uint8_t*>(out.flat.data_ptr()),
+                          algorithms::Segments(in.flat.nbytes(), link.size(), true), 1);
   }
-  out.view(-1).narrow(0, link.rank() * n, n).copy_(in.view(-1));
-  queued::ringAllgather(link, static_cast<uint8_t*>(out.data_ptr()), algorithms::Segments(in.nbytes(), link.size(), true),
-                        1);
+  out.copyBack();
 }
 
 // reduce_scatter_tensor over a queued link: the ring on a copy of `input` (it reduces in place), or
 // the group's compression (float32, SUM or AVG). `input` is left as it was.
-void deviceReduceScatter(algorithms::QueuedLink& link, const at::Tensor& input, const at::Tensor& out,
+void deviceReduceScatter(algorithms::QueuedLink& link, const at::Tensor& input, const at::Tensor& output,
                          const ReduceSpec& spec, DataType dtype, std::optional<codecs::Codec> codec) {
   namespace queued = algorithms::queued;
   const int p = link.size();
-  const size_t n = static_cast<size_t>(out.numel());
+  const Contiguous out(output);
+  const size_t n = static_cast<size_t>(out.flat.numel());
   if (codec) {
     const at::Tensor in = input.contiguous();
-    at::Tensor area = deviceScratch(out, queued::compressedReduceScatterScratchBytes(n, p, *codec));
-    queued::compressedReduceScatter(link, in.data_ptr<float>(), out.data_ptr<float>(), area.data_ptr<uint8_t>(), n,
-                                    *codec, spec.average);
-    return;
+    at::Tensor area = deviceScratch(out.flat, queued::compressedReduceScatterScratchBytes(n, p, *codec));
+    queued::compressedReduceScatter(link, in.data_ptr<float>(), out.flat.data_ptr<float>(), area.data_ptr<uint8_t>(),
+                                    n, *codec, spec.average);
+  } else {
+    at::Tensor work = preScaled(input.contiguous().view(-1), spec, false);
+    if (work.data_ptr() == input.data_ptr()) work = work.clone();
+    const algorithms::Segments blocks(n, p, true);
+    at::Tensor area = deviceScratch(out.flat, queued::ringScratchBytes(blocks, dtype));
+    queued::ringReduceScatter(link, static_cast<uint8_t*>(work.data_ptr()), area.data_ptr<uint8_t>(), blocks, dtype,
+                              spec.op);
+    out.flat.view(-1).copy_(work.narrow(0, link.rank() * static_cast<int64_t>(n), static_cast<int64_t>(n)));
+    if (spec.average) applyAverage(out.flat, p);
   }
-  at::Tensor work = preScaled(input.contiguous().view(-1), spec, false);
-  if (work.data_ptr() == input.data_ptr()) work = work.clone();
-  const algorithms::Segments blocks(n, p, true);
-  at::Tensor area = deviceScratch(out, queued::ringScratchBytes(blocks, dtype));
-  queued::ringReduceScatter(link, static_cast<uint8_t*>(work.data_ptr()), area.data_ptr<uint8_t>(), blocks, dtype,
-                            spec.op);
-  out.view(-1).copy_(work.narrow(0, link.rank() * static_cast<int64_t>(n), static_cast<int64_t>(n)));
-  if (spec.average) applyAverage(out, p);
+  out.copyBack();
 }
 
 c10::TypePtr tensorListType() { return c10::ListType::create(c10::TensorType::get()); }
@@ -546,8 +555,10 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
       C10dStore adapter(store_);
       std::atomic_store(&nccl_, std::make_shared<cuda::NcclComm>(library, adapter, "pycomm/nccl", rank_, size_,
                                                                  device.index(), comm_->timeout()));
-      comm_->logger().log(LogLevel::kInfo, strCat("CUDA all-reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor run over NCCL point-to-point (",
-                                                  library.path(), ", version ", library.version(), ")"));
+      comm_->logger().log(LogLevel::kInfo,
+                          strCat("CUDA all-reduce (compressed too), broadcast, all_gather_into_tensor and "
+                                 "reduce_scatter_tensor run over NCCL point-to-point (",
+                                 library.path(), ", version ", library.version(), ")"));
     } else {
       comm_->logger().log(LogLevel::kInfo, strCat("CUDA collectives are staged through host memory: ", why));
     }
@@ -703,9 +714,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
       spec.average = average;
       return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce_compressed", tensor, {}, nccl,
                             [tensor, spec, codec, comm](algorithms::QueuedLink& link) {
-                              Contiguous c(tensor);
-                              deviceAllreduce(link, c.flat, spec, DataType::kFloat32, codec, comm->config());
-                              c.copyBack();
+                              deviceAllreduce(link, tensor, spec, DataType::kFloat32, codec, comm->config());
                             });
     }
     auto staging = beginStaging(*device);
@@ -849,9 +858,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor
       auto comm = comm_;
       return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce", t, {}, nccl,
                             [t, spec, dtype, codec, comm](algorithms::QueuedLink& link) {
-                              Contiguous c(t);
-                              deviceAllreduce(link, c.flat, spec, dtype, codec, comm->config());
-                              c.copyBack();
+                              deviceAllreduce(link, t, spec, dtype, codec, comm->config());
                             });
     }
     auto staging = beginStaging(*device);
@@ -982,9 +989,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& outp
       const auto codec = compressionFor(input, nullptr);
       return submitOnDevice(OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", output, {input}, nccl,
                             [input, output, codec](algorithms::QueuedLink& link) {
-                              Contiguous in(input), out(output);
-                              deviceAllgather(link, in.flat, out.flat, codec);
-                              out.copyBack();
+                              deviceAllgather(link, input, output, codec);
                             });
     }
     auto staging = beginStaging(*device);
@@ -1197,9 +1202,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
       const auto codec = compressionFor(output, &opts.reduceOp);
       return submitOnDevice(OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", output, {input}, nccl,
                             [input, output, spec, dtype, codec](algorithms::QueuedLink& link) {
-                              Contiguous out(output);
-                              deviceReduceScatter(link, input, out.flat, spec, dtype, codec);
-                              out.copyBack();
+                              deviceReduceScatter(link, input, output, spec, dtype, codec);
                             });
     }
     auto staging = beginStaging(*device);

@@ -203,15 +203,31 @@ void chainBroadcast(QueuedLink& link, uint8_t* data, size_t bytes, int root, siz
   }
 }
 
+namespace {
+
+// The scratch areas of a compressed all-reduce, each sized for the largest piece (pieces run one
+// after another on the link, so each reuses them): encoded inputs, gathered sums, this rank's
+// segment from every rank, and its fp32 sum.
+struct CompressedAreas {
+  size_t encoded = 0;   // bytes, also the size of the gathered area
+  size_t received = 0;  // bytes
+  size_t accElems = 0;  // floats
+
+  CompressedAreas(const std::vector<CompressedPiece>& pieces, int size, int rank) {
+    for (const auto& piece : pieces) {
+      encoded = std::max(encoded, piece.layout.offset(size));
+      received = std::max(received, size * piece.layout.length(rank));
+      accElems = std::max(accElems, piece.segments.length(rank));
+    }
+  }
+  size_t bytes() const { return 2 * alignUp(encoded) + alignUp(received) + alignUp(accElems * sizeof(float)); }
+};
+
+}  // namespace
+
 size_t compressedScratchBytes(size_t count, int size, int rank, codecs::Codec codec, size_t chunkBytes) {
   if (size == 1) return alignUp(codecs::encodedBytes(codec, count));
-  size_t encoded = 0, received = 0, accElems = 0;
-  for (const auto& piece : compressedPieces(count, size, codec, chunkBytes)) {
-    encoded = std::max(encoded, piece.layout.offset(size));
-    received = std::max(received, size * piece.layout.length(rank));
-    accElems = std::max(accElems, piece.segments.length(rank));
-  }
-  return 2 * alignUp(encoded) + alignUp(received) + alignUp(accElems * sizeof(float));
+  return CompressedAreas(compressedPieces(count, size, codec, chunkBytes), size, rank).bytes();
 }
 
 void compressedAllreduce(QueuedLink& link, float* data, uint8_t* scratch, size_t count, codecs::Codec codec,
@@ -225,16 +241,11 @@ void compressedAllreduce(QueuedLink& link, float* data, uint8_t* scratch, size_t
     return;
   }
   const auto pieces = compressedPieces(count, p, codec, chunkBytes);
-  size_t encodedMax = 0, receivedMax = 0;
-  for (const auto& piece : pieces) {
-    encodedMax = std::max(encodedMax, piece.layout.offset(p));
-    receivedMax = std::max(receivedMax, p * piece.layout.length(r));
-  }
-  // Pieces run one after another on the link, so each reuses the same areas.
+  const CompressedAreas areas(pieces, p, r);
   uint8_t* encoded = scratch;
-  uint8_t* gathered = encoded + alignUp(encodedMax);
-  uint8_t* received = gathered + alignUp(encodedMax);
-  auto* acc = reinterpret_cast<float*>(received + alignUp(receivedMax));
+  uint8_t* gathered = encoded + alignUp(areas.encoded);
+  uint8_t* received = gathered + alignUp(areas.encoded);
+  auto* acc = reinterpret_cast<float*>(received + alignUp(areas.received));
   std::vector<int> others;  // the order of addition after this rank's own part
   for (int q = 0; q < p; ++q) {
     if (q != r) others.push_back(q);
