@@ -13,13 +13,15 @@ per-call codec), reduce-scatter and all-gather, bit for bit against their CPU co
 all_gather_into_tensor exactly (also in place, FSDP's pattern) and reduce_scatter_tensor against
 the reference and the CPU ring's bits, its input left unchanged; broadcast from every root in
 several chunks; the caller's stream semantics (an op issued while the stream is still busy reads
-the final value). The schedules themselves are also checked without a GPU
-(tests/native/test_queued_collectives.cc).
+the final value); at world 2, ranks running different ops (SUM against AVG, different counts,
+different ops) fail with an error naming both. The schedules and the op stamps themselves are also
+checked without a GPU (tests/native/test_queued_collectives.cc).
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -29,8 +31,9 @@ from mp import run_ranks
 from reference import check_equal, check_reduced, input_for
 from support import import_pycomm_or_skip, reduce_op
 
-TIMEOUT_S = 240.0  # six NCCL communicators per world, each set up over sockets
+TIMEOUT_S = 240.0  # six NCCL communicators per world (nine at world 2), each set up over sockets
 PG_TIMEOUT_S = 30.0
+MISMATCH_PG_TIMEOUT_S = 5.0  # two of the mismatch cases end in the group's timeout
 SIZES = (0, 1, 7, 1021, 65537)
 SLEEP_CYCLES = 100_000_000
 CHUNK_BYTES = 4096  # broadcasts of the larger sizes go down the chain in many chunks
@@ -95,7 +98,49 @@ def _nccl_worker(rank: int, world: int) -> list[str]:
     expected = float(sum(range(1, world + 1)))
     if not bool((x == expected).all()):
         problems.append(f"all_reduce after a busy stream: {x[:4].tolist()}, expected {expected}")
+    if world == 2:
+        _check_mismatches(rank, dev, problems)
     return problems
+
+
+def _check_mismatches(rank: int, dev: torch.device, problems: list[str]) -> None:
+    """Ranks that run different ops fail naming both, through the op stamps (each case aborts its
+    group's communicator, so each has a group of its own). At world 2 each rank's predecessor is the
+    other, so both must fail."""
+    import pycomm
+
+    def expect_mismatch(what: str, run: Any) -> None:
+        group = dist.new_group(
+            backend="pycomm",
+            timeout=timedelta(seconds=MISMATCH_PG_TIMEOUT_S),
+            pg_options=pycomm.Options(cuda_transport="nccl"),
+        )
+        try:
+            run(group)
+        except Exception as exc:  # the op's error, whatever torch wraps it in
+            for part in ("mismatched collectives", f"but rank {1 - rank} runs"):
+                if part not in str(exc):
+                    problems.append(f"{what}: the error lacks {part!r}: {exc}")
+            return
+        problems.append(f"{what}: no error")
+
+    # Same bytes on the wire, so the schedule runs to the end: without the stamps, wrong sums.
+    expect_mismatch(
+        "SUM against AVG",
+        lambda g: dist.all_reduce(
+            torch.ones(1031, device=dev), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.AVG, group=g
+        ),
+    )
+    # Transfers that cannot pair: the op hangs until the timeout, whose error names the cause.
+    expect_mismatch(
+        "1031 elements against 1032", lambda g: dist.all_reduce(torch.ones(1031 + rank, device=dev), group=g)
+    )
+    expect_mismatch(
+        "all_reduce against broadcast",
+        lambda g: dist.all_reduce(torch.ones(64, device=dev), group=g)
+        if rank == 0
+        else dist.broadcast(torch.ones(64, device=dev), src=0, group=g),
+    )
 
 
 def _check_other_schedules(

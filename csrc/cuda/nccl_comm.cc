@@ -5,39 +5,16 @@
 #include <thread>
 
 #include "core/error.h"
+#include "current_device.h"
 
 namespace pycomm::cuda {
-namespace {
-
-void checkCuda(cudaError_t status, const std::string& what) {
-  PYCOMM_CHECK(status == cudaSuccess, Error, what, ": CUDA error ", cudaGetErrorString(status));
-}
-
-// Makes `device` current for its lifetime (NCCL binds a communicator to the current device).
-// `orThrow` false: for destructors and abort(), which must not throw; failures are left to NCCL.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int device, bool orThrow = true) {
-    const cudaError_t got = cudaGetDevice(&previous_);
-    if (orThrow) checkCuda(got, "cudaGetDevice");
-    if (got == cudaSuccess && previous_ != device) {
-      const cudaError_t set = cudaSetDevice(device);
-      if (orThrow) checkCuda(set, strCat("cudaSetDevice(", device, ")"));
-    }
-  }
-  ~CurrentDevice() { cudaSetDevice(previous_); }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
-}  // namespace
 
 NcclComm::NcclComm(const NcclLibrary& nccl, Store& store, const std::string& key, int rank, int size, int device,
                    std::chrono::milliseconds timeout)
     : nccl_(nccl), rank_(rank), size_(size), device_(device) {
+  // Before the check-in below: a rank that fails here must not leave the others in NCCL's setup,
+  // which has no timeout, but in the store's waits, which have.
+  stamps_ = std::make_unique<OpStamps>(device);
   NcclUniqueId id{};
   if (rank == 0) {
     nccl_.check(nccl_.getUniqueId(&id), strCat(prefix(), " ncclGetUniqueId"));
@@ -56,17 +33,21 @@ NcclComm::NcclComm(const NcclLibrary& nccl, Store& store, const std::string& key
 }
 
 NcclComm::~NcclComm() {
-  if (comm_ == nullptr) return;
   const CurrentDevice current(device_, false);
-  // Destroy waits for work in flight; after an abort (or an error) there may be work that never ends.
-  if (aborted_.load()) return;  // abort() released it
-  int status = kNcclSuccess;
-  nccl_.commGetAsyncError(comm_, &status);
-  if (status == kNcclSuccess) {
-    nccl_.commDestroy(comm_);
-  } else {
-    nccl_.commAbort(comm_);
+  // Destroy waits for work in flight; after an abort (or an error) there may be work that never
+  // ends, and freeing the stamps' memory would wait for it too.
+  bool healthy = !aborted_.load();  // else abort() released the communicator
+  if (healthy && comm_ != nullptr) {
+    int status = kNcclSuccess;
+    nccl_.commGetAsyncError(comm_, &status);
+    healthy = status == kNcclSuccess;
+    if (healthy) {
+      nccl_.commDestroy(comm_);
+    } else {
+      nccl_.commAbort(comm_);
+    }
   }
+  if (!healthy) stamps_->abandon();
 }
 
 std::string NcclComm::prefix() const { return strCat("[rank ", rank_, "/", size_, ", cuda:", device_, ", nccl]"); }

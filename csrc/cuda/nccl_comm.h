@@ -12,11 +12,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/store.h"
 #include "nccl_library.h"
+#include "op_stamps.h"
 
 namespace pycomm::cuda {
 
@@ -59,6 +61,9 @@ class NcclComm {
   void requestAbort() { abortRequested_.store(true); }
   bool aborted() const { return aborted_.load(); }
 
+  // The op stamps every queued op on this communicator starts with (op_stamps.h).
+  OpStamps& stamps() { return *stamps_; }
+
  private:
   std::string prefix() const;
 
@@ -67,6 +72,7 @@ class NcclComm {
   const int size_;
   const int device_;
   NcclCommHandle comm_ = nullptr;
+  std::unique_ptr<OpStamps> stamps_;  // made on the communicator's device
   std::atomic<bool> aborted_{false};
   std::atomic<bool> abortRequested_{false};
 };

@@ -209,15 +209,48 @@ at::Tensor preScaled(const at::Tensor& t, const ReduceSpec& spec, bool inPlace) 
   return inPlace ? t.mul_(*spec.preScale) : t.mul(*spec.preScale);
 }
 
+// This rank's queued op as the op stamps compare it (core/algorithms/queued_stamp.h); the worker
+// adds what depends on the group's options when the op runs (stampForRun). `spec` is null for ops
+// that reduce nothing.
+algorithms::QueuedStamp stampOf(transport::OpKind kind, DataType dtype, size_t count, const ReduceSpec* spec,
+                                std::optional<codecs::Codec> codec, int root) {
+  transport::OpSignature signature;
+  signature.kind = kind;
+  signature.dtype = static_cast<uint8_t>(dtype);
+  signature.reduceOp = spec != nullptr ? static_cast<uint8_t>(spec->op) : 0;
+  signature.codec = codec ? static_cast<uint8_t>(1 + static_cast<int>(*codec)) : 0;
+  signature.root = root;
+  signature.count = count;
+  return algorithms::makeQueuedStamp(signature, spec != nullptr && spec->average);
+}
+
+// The queued all-reduce a group's options run: the tree when it asks for it, else the ring (rhd has
+// no device schedule, and auto has no measured GPU costs to choose by yet).
+Algorithm queuedAllreduceAlgorithm(const Config& config) {
+  return config.algorithm == Algorithm::kTree ? Algorithm::kTree : Algorithm::kRing;
+}
+
+#if PYCOMM_WITH_CUDA
+// `stamp` completed with the options it runs under, read on the worker as the op's body reads them
+// (set_algorithm takes effect there): the algorithm where it decides the transfers (an
+// uncompressed all-reduce), and the chunk size.
+algorithms::QueuedStamp stampForRun(algorithms::QueuedStamp stamp, const Config& config) {
+  if (stamp.signature.kind == transport::OpKind::kAllreduce && stamp.signature.codec == 0) {
+    stamp.algorithm = static_cast<uint8_t>(queuedAllreduceAlgorithm(config));
+  }
+  stamp.chunkBytes = config.chunkBytes;
+  return stamp;
+}
+#endif
+
 // A scratch area of `bytes` on the device of `like`, for a queued schedule.
 at::Tensor deviceScratch(const at::Tensor& like, size_t bytes) {
   return at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, like.options().dtype(at::kByte));
 }
 
 // An all-reduce of a device tensor over a queued link (NCCL), in place: the group's compression
-// when it applies, else the tree when the group's algorithm is "tree" and the ring otherwise (rhd
-// has no device schedule, and auto has no measured GPU costs to choose by yet). Each gives the bits
-// the CPU algorithm of the same name gives.
+// when it applies, else queuedAllreduceAlgorithm's. Each gives the bits the CPU algorithm of the
+// same name gives.
 void deviceAllreduce(algorithms::QueuedLink& link, const at::Tensor& tensor, const ReduceSpec& spec, DataType dtype,
                      std::optional<codecs::Codec> codec, const Config& config) {
   namespace queued = algorithms::queued;
@@ -234,7 +267,7 @@ void deviceAllreduce(algorithms::QueuedLink& link, const at::Tensor& tensor, con
   }
   preScaled(flat, spec, true);
   auto* data = static_cast<uint8_t*>(flat.data_ptr());
-  if (config.algorithm == Algorithm::kTree) {
+  if (queuedAllreduceAlgorithm(config) == Algorithm::kTree) {
     const size_t chunkElems = std::max<size_t>(1, config.chunkBytes / elementSize(dtype));
     at::Tensor area = scratch(queued::treeScratchBytes(count, chunkElems, dtype));
     queued::treeAllreduce(link, data, area.data_ptr<uint8_t>(), count, dtype, spec.op, chunkElems);
@@ -582,6 +615,7 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
 c10::intrusive_ptr<::c10d::Work> PycommBackend::submitOnDevice(OpType opType, const char* title, const at::Tensor& output,
                                                                const std::vector<at::Tensor>& inputs,
                                                                std::shared_ptr<cuda::NcclComm> nccl,
+                                                               const algorithms::QueuedStamp& stamp,
                                                                std::function<void(algorithms::QueuedLink& link)> body) {
 #if PYCOMM_WITH_CUDA
   auto staging = beginStaging(output.device());  // the caller's stream now; nothing is staged
@@ -589,15 +623,31 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::submitOnDevice(OpType opType, co
   for (const auto& t : inputs) staging->recordUse(t);
   auto comm = comm_;
   return runStaged(staging, [&] {
-    return submit(opType, title, {output}, [staging, nccl, body = std::move(body), comm, title] {
+    return submit(opType, title, {output}, [staging, nccl, stamp, body = std::move(body), comm, title] {
       // The worker's copyIn() has ordered the stream after the caller's; allocations made here
       // (contiguous copies, scratch) belong to it.
       const c10::StreamGuard guard(staging->stream());
       const auto stream = static_cast<cudaStream_t>(staging->stream().native_handle());
+      // An aborted communicator runs nothing more; checked before the stamps' buffers are touched, as
+      // the aborted op's copies into them may still be queued.
+      TORCH_CHECK(!nccl->aborted(), "pycomm [rank ", nccl->rank(), "/", nccl->size(), "] ", title,
+                  ": the group's NCCL communicator was aborted by an earlier failure");
       try {
         cuda::NcclLink link(*nccl, stream);
+        nccl->stamps().post(link, stampForRun(stamp, comm->config()), stream, title);
         body(link);
-        nccl->waitFor(stream, comm->timeout(), title);
+        try {
+          nccl->waitFor(stream, comm->timeout(), title);
+        } catch (const std::exception& failure) {
+          // A timeout, or NCCL's error after a peer gave up: a mismatch, if the stamps show one, is why.
+          try {
+            nccl->stamps().check(nccl->rank(), nccl->size(), false, title);
+          } catch (const InvalidUsageError& mismatch) {
+            throw InvalidUsageError(strCat(mismatch.what(), " (the op then failed: ", failure.what(), ")"));
+          }
+          throw;
+        }
+        nccl->stamps().check(nccl->rank(), nccl->size(), true, title);
       } catch (const std::exception&) {
         // Part of the schedule may be queued: the peers' next steps would pair with the wrong
         // transfers. The group's CUDA collectives fail from here on.
@@ -607,7 +657,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::submitOnDevice(OpType opType, co
     });
   });
 #else
-  (void)opType, (void)title, (void)output, (void)inputs, (void)nccl, (void)body;
+  (void)opType, (void)title, (void)output, (void)inputs, (void)nccl, (void)stamp, (void)body;
   TORCH_INTERNAL_ASSERT(false, "pycomm: a device collective in a build without CUDA");
 #endif
 }
@@ -658,7 +708,10 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::broadcast(std::vector<at::Tensor
       v.root(opts.rootRank);
       const int root = static_cast<int>(opts.rootRank);
       const size_t chunkBytes = comm_->config().chunkBytes;
-      return submitOnDevice(OpType::BROADCAST, "pycomm:broadcast", t, {}, nccl,
+      const Layout layout = movable(t);
+      const auto stamp = stampOf(transport::OpKind::kBroadcast, layout.dtype, layout.count(t), nullptr, std::nullopt,
+                                 root);
+      return submitOnDevice(OpType::BROADCAST, "pycomm:broadcast", t, {}, nccl, stamp,
                             [t, root, chunkBytes](algorithms::QueuedLink& link) {
                               Contiguous c(t);
                               algorithms::queued::chainBroadcast(link, static_cast<uint8_t*>(c.flat.data_ptr()),
@@ -712,7 +765,9 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
     if (auto nccl = ncclFor(*device)) {
       ReduceSpec spec;
       spec.average = average;
-      return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce_compressed", tensor, {}, nccl,
+      const auto stamp =
+          stampOf(transport::OpKind::kAllreduce, DataType::kFloat32, static_cast<size_t>(tensor.numel()), &spec, codec, -1);
+      return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce_compressed", tensor, {}, nccl, stamp,
                             [tensor, spec, codec, comm](algorithms::QueuedLink& link) {
                               deviceAllreduce(link, tensor, spec, DataType::kFloat32, codec, comm->config());
                             });
@@ -856,7 +911,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor
       const DataType dtype = v.reducible(t);
       const auto codec = compressionFor(t, &opts.reduceOp);
       auto comm = comm_;
-      return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce", t, {}, nccl,
+      const auto stamp = stampOf(transport::OpKind::kAllreduce, dtype, static_cast<size_t>(t.numel()), &spec, codec, -1);
+      return submitOnDevice(OpType::ALLREDUCE, "pycomm:all_reduce", t, {}, nccl, stamp,
                             [t, spec, dtype, codec, comm](algorithms::QueuedLink& link) {
                               deviceAllreduce(link, t, spec, dtype, codec, comm->config());
                             });
@@ -987,7 +1043,9 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& outp
       v.sameDtype(input, output);
       v.holdsOnePerRank(output, "output", input, "input");
       const auto codec = compressionFor(input, nullptr);
-      return submitOnDevice(OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", output, {input}, nccl,
+      const Layout layout = movable(input);
+      const auto stamp = stampOf(transport::OpKind::kAllgather, layout.dtype, layout.count(input), nullptr, codec, -1);
+      return submitOnDevice(OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", output, {input}, nccl, stamp,
                             [input, output, codec](algorithms::QueuedLink& link) {
                               deviceAllgather(link, input, output, codec);
                             });
@@ -1200,7 +1258,9 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
       const ReduceSpec spec = v.reduceOp(opts.reduceOp, output);
       const DataType dtype = v.reducible(output);
       const auto codec = compressionFor(output, &opts.reduceOp);
-      return submitOnDevice(OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", output, {input}, nccl,
+      const auto stamp =
+          stampOf(transport::OpKind::kReduceScatter, dtype, static_cast<size_t>(output.numel()), &spec, codec, -1);
+      return submitOnDevice(OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", output, {input}, nccl, stamp,
                             [input, output, spec, dtype, codec](algorithms::QueuedLink& link) {
                               deviceReduceScatter(link, input, output, spec, dtype, codec);
                             });

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/algorithms/queued_link.h"
+#include "core/algorithms/queued_stamp.h"
 #include "core/communicator.h"
 #include "device_staging.h"
 #include "work.h"
@@ -117,9 +118,12 @@ class PycommBackend final : public ::c10d::Backend {
   // communication stream, which is current while it runs): ordered after the caller's stream,
   // waited for by the worker with the group's timeout, and the Work orders the caller's stream after
   // it like a staged op's. `output` is the future's value; `inputs` are kept alive for the stream.
+  // `stamp` says what the op is: the ranks' stamps are exchanged ahead of the schedule and compared
+  // after it (core/algorithms/queued_stamp.h), so ranks that run different ops fail saying so.
   c10::intrusive_ptr<::c10d::Work> submitOnDevice(::c10d::OpType opType, const char* title, const at::Tensor& output,
                                                   const std::vector<at::Tensor>& inputs,
                                                   std::shared_ptr<cuda::NcclComm> nccl,
+                                                  const algorithms::QueuedStamp& stamp,
                                                   std::function<void(algorithms::QueuedLink& link)> body);
   // A receive, posted at once like a send; `anyPeer`: srcRank is Transport::kAnyPeer.
   c10::intrusive_ptr<::c10d::Work> postReceive(std::vector<at::Tensor>& tensors, int srcRank, int tag, bool anyPeer);

@@ -10,7 +10,10 @@
 //   * that every send pairs with a receive of the same byte count, and that a group never receives
 //     into a buffer that another of its transfers touches;
 //   * that every reduction's source and destination share their address modulo 16 (the CUDA reduce
-//     kernel's vector path).
+//     kernel's vector path);
+//   * the op stamps (queued_stamp.h): ranks that agree pass, and ranks that run another op (one
+//     that pairs byte for byte and would give wrong results silently, or ops in another order)
+//     fail with both ops named.
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -21,6 +24,7 @@
 #include <random>
 
 #include "core/algorithms/queued_collectives.h"
+#include "core/algorithms/queued_stamp.h"
 #include "core/codecs/reduce.h"
 #include "core/communicator.h"
 #include "group.h"
@@ -350,6 +354,116 @@ void checkCompressedScatterGather(int size) {
   }
 }
 
+// The stamp exchange, and what checkStamps says when ranks disagree.
+void checkStamps(int size) {
+  using algorithms::QueuedStamp;
+  namespace queued = algorithms::queued;
+  const std::string what = "all_reduce";
+  auto stampOf = [](transport::OpKind kind, ReduceOp op, size_t count, uint64_t seq) {
+    transport::OpSignature s;
+    s.kind = kind;
+    s.dtype = static_cast<uint8_t>(DataType::kInt64);
+    s.reduceOp = static_cast<uint8_t>(op);
+    s.count = count;
+    QueuedStamp stamp = algorithms::makeQueuedStamp(s, false);
+    stamp.algorithm = static_cast<uint8_t>(Algorithm::kRing);
+    stamp.chunkBytes = 4096;
+    stamp.seq = seq;
+    return stamp;
+  };
+  // The message a disagreement gives, "" if none: checkStamps' own.
+  auto verdict = [&](int r, const QueuedStamp& mine, const QueuedStamp& previous, bool ran = true) -> std::string {
+    try {
+      queued::checkStamps(r, size, mine, previous, ran, what);
+      return "";
+    } catch (const InvalidUsageError& e) {
+      return e.what();
+    }
+  };
+
+  // Agreement: every rank gets its predecessor's stamp byte for byte, and nothing fails.
+  {
+    HostFabric fabric(std::chrono::seconds(20));
+    runRanks(size, [&](int r) {
+      HostLink link(fabric, r, size);
+      QueuedStamp mine = stampOf(transport::OpKind::kAllreduce, ReduceOp::kSum, 1031, 7), previous;
+      queued::exchangeStamps(link, &mine, &previous);
+      if (size > 1) EXPECT_TRUE(std::memcmp(&mine, &previous, sizeof mine) == 0, "world ", size, " rank ", r,
+                                ": the stamp arrived changed");
+      EXPECT_TRUE(verdict(r, mine, previous).empty(), "world ", size, " rank ", r, ": agreeing ranks failed");
+    });
+  }
+  if (size == 1) return;
+
+  // Rank 1 runs MAX where the others run SUM: the ring pairs byte for byte and finishes, with
+  // results that are nobody's. The stamps make ranks 1 and 2 (its successor) fail, naming both ops.
+  {
+    HostFabric fabric(std::chrono::seconds(20));
+    runRanks(size, [&](int r) {
+      HostLink link(fabric, r, size);
+      const ReduceOp op = r == 1 ? ReduceOp::kMax : ReduceOp::kSum;
+      QueuedStamp mine = stampOf(transport::OpKind::kAllreduce, op, 13, 1), previous;
+      queued::exchangeStamps(link, &mine, &previous);
+      std::vector<int64_t> data = randomInts(r, 13, 9);
+      std::vector<uint8_t> scratch(queued::ringScratchBytes(algorithms::Segments(13, size), DataType::kInt64));
+      queued::ringAllreduce(link, reinterpret_cast<uint8_t*>(data.data()), scratch.data(), 13, DataType::kInt64, op);
+      const bool expected = r == 1 || r == 2 % size;
+      for (bool ran : {true, false}) {  // the same verdict whether the op ran or failed: the stamp arrived
+        const std::string message = verdict(r, mine, previous, ran);
+        EXPECT_TRUE(message.empty() != expected, "world ", size, " rank ", r, ": a MAX among SUMs ",
+                    expected ? "was not reported" : "was reported by a rank whose predecessor agrees");
+        if (!expected) continue;
+        for (const char* part : {"mismatched collectives", "(op max)", "(op sum)", "all_reduce", "[rank "}) {
+          EXPECT_TRUE(message.find(part) != std::string::npos, "world ", size, " rank ", r, ": message lacks '",
+                      part, "': ", message);
+        }
+        EXPECT_TRUE(message.find(strCat("but rank ", (r + size - 1) % size, " runs")) != std::string::npos,
+                    "world ", size, " rank ", r, ": message does not name the predecessor: ", message);
+      }
+    });
+  }
+
+  // The last rank issues two ops in the other order: the first op's stamps already disagree.
+  {
+    HostFabric fabric(std::chrono::seconds(20));
+    runRanks(size, [&](int r) {
+      HostLink link(fabric, r, size);
+      const bool swapped = r == size - 1;
+      const bool expected = r == size - 1 || r == 0;
+      const transport::OpKind order[2] = {swapped ? transport::OpKind::kBroadcast : transport::OpKind::kAllreduce,
+                                          swapped ? transport::OpKind::kAllreduce : transport::OpKind::kBroadcast};
+      for (uint64_t seq = 1; seq <= 2; ++seq) {
+        QueuedStamp mine = stampOf(order[seq - 1], ReduceOp::kSum, 8, seq), previous;
+        queued::exchangeStamps(link, &mine, &previous);
+        EXPECT_TRUE(verdict(r, mine, previous).empty() != expected, "world ", size, " rank ", r, " op ", seq,
+                    ": swapped op order ", expected ? "not reported" : "reported by the wrong rank");
+      }
+    });
+  }
+
+  // Each field that decides a schedule's transfers is compared.
+  const QueuedStamp base = stampOf(transport::OpKind::kAllreduce, ReduceOp::kSum, 100, 3);
+  const auto differs = [&](auto change, const char* field) {
+    QueuedStamp other = base;
+    change(other);
+    EXPECT_TRUE(!algorithms::sameOp(base, other) && !verdict(1, base, other).empty(), "a different ", field,
+                " was not reported");
+  };
+  differs([](QueuedStamp& s) { s.signature.count = 101; }, "count");
+  differs([](QueuedStamp& s) { s.seq = 4; }, "seq");
+  differs([](QueuedStamp& s) { s.signature.dtype = static_cast<uint8_t>(DataType::kInt32); }, "dtype");
+  differs([](QueuedStamp& s) { s.average = 1; }, "average");
+  differs([](QueuedStamp& s) { s.signature.codec = 1; }, "codec");
+  differs([](QueuedStamp& s) { s.algorithm = static_cast<uint8_t>(Algorithm::kTree); }, "algorithm");
+  differs([](QueuedStamp& s) { s.signature.root = 0; }, "root");
+  differs([](QueuedStamp& s) { s.chunkBytes = 8192; }, "chunk_bytes");
+  // A stamp that never arrived: an error once the op ran (something is broken), and nothing to say
+  // about an op that failed or timed out (its own error stands).
+  const std::string missing = verdict(1, base, QueuedStamp{});
+  EXPECT_TRUE(missing.find("not a pycomm op stamp") != std::string::npos, "a missing stamp after the op ran: ",
+              missing.empty() ? "not reported" : missing);
+  EXPECT_TRUE(verdict(1, base, QueuedStamp{}, false).empty(), "a stamp missing after a timeout was reported");
+}
 }  // namespace
 
 int main() {
@@ -358,6 +472,7 @@ int main() {
     checkAllreduce(size, Algorithm::kTree);
     checkReduceScatterAllgather(size);
     checkBroadcast(size);
+    checkStamps(size);
   }
   for (int size = 1; size <= 7; ++size) {
     checkCompressed(size);
