@@ -8,7 +8,8 @@ so a passing test ran the NCCL path.
 
 Checks: every dtype and reduce op pycomm reduces, against a float64 reference; float32 SUM bit for
 bit against the CPU ring at the same world size (same segments, same order of additions, kernels
-bit-identical to the CPU reduction); the tree, and the four codecs' all-reduce (group option and
+bit-identical to the CPU reduction); the tree and rhd (both of its modes: 65537 floats are past its
+threshold), and the four codecs' all-reduce (group option and
 per-call codec), reduce-scatter and all-gather, bit for bit against their CPU counterparts;
 all_gather_into_tensor exactly (also in place, FSDP's pattern) and reduce_scatter_tensor against
 the reference and the CPU ring's bits, its input left unchanged; broadcast from every root in
@@ -31,7 +32,7 @@ from mp import run_ranks
 from reference import check_equal, check_reduced, input_for
 from support import import_pycomm_or_skip, reduce_op
 
-TIMEOUT_S = 240.0  # six NCCL communicators per world (nine at world 2), each set up over sockets
+TIMEOUT_S = 240.0  # seven NCCL communicators per world (ten at world 2), each set up over sockets
 PG_TIMEOUT_S = 30.0
 MISMATCH_PG_TIMEOUT_S = 5.0  # two of the mismatch cases end in the group's timeout
 SIZES = (0, 1, 7, 1021, 65537)
@@ -163,24 +164,25 @@ def _check_other_schedules(
         if not torch.equal(gpu.cpu().view(torch.int32), cpu.view(torch.int32)):
             problems.append(f"{what}: bits differ from the CPU's")
 
-    groups = {"tree": pair(algorithm="tree")}
+    groups = {"tree": pair(algorithm="tree"), "rhd": pair(algorithm="rhd")}
     for codec in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2"):
         groups[codec] = pair(compression=codec)
     for n in SIZES:
         inputs = [input_for(23 + n, r, (n,), torch.float32, "sum") for r in range(world)]
         for name, (on_gpu, on_cpu) in groups.items():
-            for op in ("sum", "avg") if name != "tree" else ("sum",):
+            for op in ("sum", "avg") if name not in ("tree", "rhd") else ("sum",):
                 g = inputs[rank].to(dev)
                 dist.all_reduce(g, op=reduce_op(op), group=on_gpu)
                 c = inputs[rank].clone()
                 dist.all_reduce(c, op=reduce_op(op), group=on_cpu)
                 same_bits(f"all_reduce {name} {op} n={n}", g, c)
         ints = [input_for(29 + n, r, (n,), torch.int64, "sum") for r in range(world)]
-        t = ints[rank].to(dev)
-        dist.all_reduce(t, group=groups["tree"][0])
-        outcome = check_reduced(t.cpu(), ints, "sum")
-        if outcome:
-            problems.append(f"all_reduce tree int64 n={n}: {outcome}")
+        for name in ("tree", "rhd"):
+            t = ints[rank].to(dev)
+            dist.all_reduce(t, group=groups[name][0])
+            outcome = check_reduced(t.cpu(), ints, "sum")
+            if outcome:
+                problems.append(f"all_reduce {name} int64 n={n}: {outcome}")
 
         gathered = torch.full((world, n), -1, dtype=torch.int64, device=dev)
         dist.all_gather_into_tensor(gathered, ints[rank].to(dev))

@@ -1,6 +1,7 @@
 #include "nccl_link.h"
 
 #include "codec_kernels.cuh"
+#include "current_device.h"
 #include "reduce_kernels.cuh"
 
 namespace pycomm::cuda {
@@ -33,6 +34,11 @@ void NcclLink::decodeAdd(codecs::Codec codec, const uint8_t* in, size_t count, f
 }
 
 void NcclLink::scale(float* data, size_t count, float factor) { cuda::scale(data, count, factor, stream_); }
+
+void NcclLink::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  checkCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "rhd: cudaMemcpyAsync");
+}
 
 void NcclLink::decodeAddEncode(codecs::Codec codec, const uint8_t* in, const float* acc, size_t count, uint8_t* out,
                                float scale) {

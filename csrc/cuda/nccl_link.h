@@ -24,6 +24,7 @@ class NcclLink final : public algorithms::QueuedLink {
   void decode(codecs::Codec codec, const uint8_t* in, size_t count, float* out) override;
   void decodeAdd(codecs::Codec codec, const uint8_t* in, size_t count, float* acc) override;
   void scale(float* data, size_t count, float factor) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
   void decodeAddEncode(codecs::Codec codec, const uint8_t* in, const float* acc, size_t count, uint8_t* out,
                        float scale) override;
 

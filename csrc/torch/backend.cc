@@ -10,6 +10,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "core/algorithms/cost_model.h"
 #include "core/algorithms/queued_collectives.h"
 #include "core/error.h"
 #include "store_adapter.h"
@@ -224,10 +225,11 @@ algorithms::QueuedStamp stampOf(transport::OpKind kind, DataType dtype, size_t c
   return algorithms::makeQueuedStamp(signature, spec != nullptr && spec->average);
 }
 
-// The queued all-reduce a group's options run: the tree when it asks for it, else the ring (rhd has
-// no device schedule, and auto has no measured GPU costs to choose by yet).
+// The queued all-reduce a group's options run: tree or rhd when it asks for one, else the ring (auto
+// has no measured GPU costs to choose by yet).
 Algorithm queuedAllreduceAlgorithm(const Config& config) {
-  return config.algorithm == Algorithm::kTree ? Algorithm::kTree : Algorithm::kRing;
+  return config.algorithm == Algorithm::kTree || config.algorithm == Algorithm::kRhd ? config.algorithm
+                                                                                      : Algorithm::kRing;
 }
 
 #if PYCOMM_WITH_CUDA
@@ -267,10 +269,16 @@ void deviceAllreduce(algorithms::QueuedLink& link, const at::Tensor& tensor, con
   }
   preScaled(flat, spec, true);
   auto* data = static_cast<uint8_t*>(flat.data_ptr());
-  if (queuedAllreduceAlgorithm(config) == Algorithm::kTree) {
+  const Algorithm algorithm = queuedAllreduceAlgorithm(config);
+  if (algorithm == Algorithm::kTree) {
     const size_t chunkElems = std::max<size_t>(1, config.chunkBytes / elementSize(dtype));
     at::Tensor area = scratch(queued::treeScratchBytes(count, chunkElems, dtype));
     queued::treeAllreduce(link, data, area.data_ptr<uint8_t>(), count, dtype, spec.op, chunkElems);
+  } else if (algorithm == Algorithm::kRhd) {
+    // The CPU rhd's choice of mode, so the bits are its bits.
+    const bool halving = count * elementSize(dtype) >= algorithms::kRhdHalvingThreshold;
+    at::Tensor area = scratch(queued::rhdScratchBytes(count, dtype));
+    queued::rhdAllreduce(link, data, area.data_ptr<uint8_t>(), count, dtype, spec.op, halving);
   } else {
     at::Tensor area = scratch(queued::ringScratchBytes(algorithms::Segments(count, link.size()), dtype));
     queued::ringAllreduce(link, data, area.data_ptr<uint8_t>(), count, dtype, spec.op);

@@ -3,8 +3,10 @@
 // NCCL's do at their strictest (a send completes only once its receive is posted and the whole
 // group has matched), with the CPU kernels in place of the CUDA ones. Checked, with ranks as threads
 // at world sizes 1 to 7 and odd counts:
-//   * results against the CPU algorithm of the same name in the same process (a Communicator over
-//     TCP on loopback): float32 bit for bit, integers exactly, plus a float64 reference;
+//   * results against the CPU algorithm of the same name (ring, tree, rhd in both its modes, ...) in
+//     the same process (a Communicator over TCP on loopback): float32 bit for bit (signed zeros and
+//     NaN payloads too, which show the order of reduction), integers exactly, plus a float64
+//     reference;
 //   * that every schedule finishes (a schedule whose groups cannot all be in flight together would
 //     wait here until the link's deadline and fail, as it would hang on NCCL);
 //   * that every send pairs with a receive of the same byte count, and that a group never receives
@@ -23,6 +25,7 @@
 #include <mutex>
 #include <random>
 
+#include "core/algorithms/cost_model.h"
 #include "core/algorithms/queued_collectives.h"
 #include "core/algorithms/queued_stamp.h"
 #include "core/codecs/reduce.h"
@@ -143,6 +146,12 @@ class HostLink final : public QueuedLink {
   void scale(float* data, size_t count, float factor) override {
     for (size_t i = 0; i < count; ++i) data[i] *= factor;
   }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    const auto* from = static_cast<const uint8_t*>(src);
+    const auto* to = static_cast<const uint8_t*>(dst);
+    EXPECT_TRUE(bytes == 0 || from + bytes <= to || to + bytes <= from, "rank ", rank_, ": copy between overlapping buffers");
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
   // The CPU sequence the CUDA kernel is specified by (csrc/cuda/codec_kernels.cuh).
   void decodeAddEncode(codecs::Codec codec, const uint8_t* in, const float* acc, size_t count, uint8_t* out,
                        float scale) override {
@@ -194,7 +203,7 @@ const size_t kCounts[] = {0, 1, 2, 6, 8, 13, 1031, 65537};
 
 // Ring and tree all-reduce against the CPU ring and tree.
 void checkAllreduce(int size, Algorithm algorithm) {
-  const char* name = algorithm == Algorithm::kTree ? "tree" : "ring";
+  const char* name = algorithmName(algorithm);
   MemoryStore store;
   auto comms = cpuGroup(size, store, algorithm, 4096);
   const size_t chunkElems = 97;  // a prime: chunks of odd lengths, many pipeline steps in the tree
@@ -203,14 +212,19 @@ void checkAllreduce(int size, Algorithm algorithm) {
     runRanks(size, [&](int r) {
       HostLink link(fabric, r, size);
       auto run = [&](void* data, DataType dtype, ReduceOp op) {
-        const size_t bytes = algorithm == Algorithm::kTree ? algorithms::queued::treeScratchBytes(count, chunkElems, dtype)
-                                                           : algorithms::queued::ringScratchBytes(algorithms::Segments(count, size), dtype);
-        std::vector<uint8_t> scratch(bytes);
+        namespace queued = algorithms::queued;
         auto* buf = static_cast<uint8_t*>(data);
         if (algorithm == Algorithm::kTree) {
-          algorithms::queued::treeAllreduce(link, buf, scratch.data(), count, dtype, op, chunkElems);
+          std::vector<uint8_t> scratch(queued::treeScratchBytes(count, chunkElems, dtype));
+          queued::treeAllreduce(link, buf, scratch.data(), count, dtype, op, chunkElems);
+        } else if (algorithm == Algorithm::kRhd) {
+          // The CPU's choice of mode: both occur among kCounts (65537 floats are past the threshold).
+          const bool halving = count * elementSize(dtype) >= algorithms::kRhdHalvingThreshold;
+          std::vector<uint8_t> scratch(queued::rhdScratchBytes(count, dtype));
+          queued::rhdAllreduce(link, buf, scratch.data(), count, dtype, op, halving);
         } else {
-          algorithms::queued::ringAllreduce(link, buf, scratch.data(), count, dtype, op);
+          std::vector<uint8_t> scratch(queued::ringScratchBytes(algorithms::Segments(count, size), dtype));
+          queued::ringAllreduce(link, buf, scratch.data(), count, dtype, op);
         }
       };
       // float32 SUM: the CPU algorithm's bits, and close to the float64 sum.
@@ -228,6 +242,20 @@ void checkAllreduce(int size, Algorithm algorithm) {
         EXPECT_TRUE(std::fabs(mine[i] - expect[i]) <= 1e-5 * (1 + std::fabs(expect[i])) * size, name, " float32 sum ",
                     i, " world ", size, " count ", count);
       }
+      // float32 MAX over signed zeros and NaNs with rank-specific payloads: which operand comes first
+      // decides the bits (max(+0, -0), which NaN survives), so this checks the order of reduction.
+      std::vector<float> edgy(count), edgyCpu;
+      for (size_t i = 0; i < count; ++i) {
+        const uint32_t pick = (static_cast<uint32_t>(i) * 2654435761u + static_cast<uint32_t>(r) * 40503u) >> 29;
+        const uint32_t nan = 0x7fc00000u | (static_cast<uint32_t>(r) + 1) << 4 | (i & 15);
+        const uint32_t bits = pick < 3 ? 0x00000000u : pick < 6 ? 0x80000000u : pick < 7 ? nan : 0x3f800000u;
+        std::memcpy(&edgy[i], &bits, sizeof bits);
+      }
+      edgyCpu = edgy;
+      run(edgy.data(), DataType::kFloat32, ReduceOp::kMax);
+      comms[r]->allreduce(edgyCpu.data(), count, DataType::kFloat32, ReduceOp::kMax);
+      EXPECT_TRUE(sameBits(edgy, edgyCpu), name, " float32 max over signed zeros and NaNs differs from the CPU ", name,
+                  ": world ", size, " count ", count, " rank ", r);
       // int64 SUM and MAX exactly.
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
         std::vector<int64_t> ints = randomInts(r, count, 2);
@@ -470,6 +498,7 @@ int main() {
   for (int size = 1; size <= 7; ++size) {
     checkAllreduce(size, Algorithm::kRing);
     checkAllreduce(size, Algorithm::kTree);
+    checkAllreduce(size, Algorithm::kRhd);
     checkReduceScatterAllgather(size);
     checkBroadcast(size);
     checkStamps(size);

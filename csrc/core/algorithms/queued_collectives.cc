@@ -91,6 +91,94 @@ void ringAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t cou
   ringAllgather(link, data, segments, elementSize(dtype));
 }
 
+size_t rhdScratchBytes(size_t count, DataType dtype) {
+  return std::max<size_t>(count, 1) * elementSize(dtype) + 16;  // + alignedLike()'s room
+}
+
+void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
+                  bool halving) {
+  const int p = link.size();
+  if (p == 1 || count == 0) return;
+  const int r = link.rank();
+  const size_t esize = elementSize(dtype);
+  int q = 1;  // the largest power of two not above p
+  while (q * 2 <= p) q *= 2;
+  const int extra = p - q;
+  uint8_t* incoming = alignedLike(scratch, data);
+
+  // Fold-in: among the first 2*extra ranks, the even one hands its vector to the odd one.
+  int vrank;  // rank among the q participants, or -1 for one that sits out
+  if (r < 2 * extra) {
+    if (r % 2 == 0) {
+      link.post({{Kind::kSend, r + 1, data, count * esize}}, "rhd fold-in");
+      vrank = -1;
+    } else {
+      link.post({{Kind::kRecv, r - 1, incoming, count * esize}}, "rhd fold-in");
+      link.reduce(data, incoming, count, dtype, op);
+      vrank = r / 2;
+    }
+  } else {
+    vrank = r - extra;
+  }
+  auto realRank = [&](int v) { return v < extra ? 2 * v + 1 : v + extra; };
+
+  if (vrank >= 0 && !halving) {
+    for (int mask = 1; mask < q; mask <<= 1) {
+      const int partner = realRank(vrank ^ mask);
+      link.post({{Kind::kRecv, partner, incoming, count * esize}, {Kind::kSend, partner, data, count * esize}},
+                "rhd exchange");
+      // The lower virtual rank's vector first, so both partners get the same bits.
+      if ((vrank & mask) == 0) {
+        link.reduce(data, incoming, count, dtype, op);
+      } else {
+        link.reduce(incoming, data, count, dtype, op);
+        link.copy(data, incoming, count * esize);
+      }
+    }
+  } else if (vrank >= 0) {
+    const Segments segments(count, q);
+    int lo = 0, hi = q;  // the window of segments this rank is responsible for
+    for (int mask = q / 2; mask >= 1; mask >>= 1) {  // recursive halving: keep our own segment's half
+      const int partner = realRank(vrank ^ mask);
+      const int mid = lo + (hi - lo) / 2;
+      const bool upper = (vrank & mask) != 0;
+      const int keepLo = upper ? mid : lo, keepHi = upper ? hi : mid;
+      const int sendLo = upper ? lo : mid, sendHi = upper ? mid : hi;
+      const size_t keepOff = segments.offset(keepLo), keepLen = segments.offset(keepHi) - keepOff;
+      const size_t sendOff = segments.offset(sendLo), sendLen = segments.offset(sendHi) - sendOff;
+      uint8_t* kept = data + keepOff * esize;
+      uint8_t* got = alignedLike(scratch, kept);
+      link.post({{Kind::kRecv, partner, got, keepLen * esize},
+                 {Kind::kSend, partner, data + sendOff * esize, sendLen * esize}},
+                "rhd halving");
+      link.reduce(kept, got, keepLen, dtype, op);
+      lo = keepLo;
+      hi = keepHi;
+    }
+    for (int mask = 1; mask < q; mask <<= 1) {  // recursive doubling: swap windows with the partner
+      const int partner = realRank(vrank ^ mask);
+      const bool upper = (vrank & mask) != 0;
+      const int width = hi - lo;
+      const int otherLo = upper ? lo - width : hi, otherHi = upper ? lo : hi + width;
+      const size_t myOff = segments.offset(lo), myLen = segments.offset(hi) - myOff;
+      const size_t otherOff = segments.offset(otherLo), otherLen = segments.offset(otherHi) - otherOff;
+      link.post({{Kind::kRecv, partner, data + otherOff * esize, otherLen * esize},
+                 {Kind::kSend, partner, data + myOff * esize, myLen * esize}},
+                "rhd doubling");
+      lo = std::min(lo, otherLo);
+      hi = std::max(hi, otherHi);
+    }
+  }
+  // Fold-out: the result back to the ranks that sat out.
+  if (r < 2 * extra) {
+    if (r % 2 == 0) {
+      link.post({{Kind::kRecv, r + 1, data, count * esize}}, "rhd fold-out");
+    } else {
+      link.post({{Kind::kSend, r - 1, data, count * esize}}, "rhd fold-out");
+    }
+  }
+}
+
 size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype) {
   // One chunk per child per tree: a chunk is reduced before the next group can receive over it.
   return 4 * treeAreaBytes(count, chunkElems, elementSize(dtype));

@@ -40,6 +40,14 @@ size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype);
 void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
                    size_t chunkElems);
 
+size_t rhdScratchBytes(size_t count, DataType dtype);
+// rhd.h's all-reduce, step for step: the fold-in of the first 2(p - p') ranks, then, among p' ranks,
+// whole-vector recursive doubling (short) or recursive halving then doubling (`halving`, long), then
+// the fold-out. Each exchange is one group with the partner; reductions run in rhd.cc's order, so
+// the bits are the CPU rhd's with the same `halving`.
+void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
+                  bool halving);
+
 // Root's `bytes` to every rank down the chain root, root+1, ... in chunks of chunkBytes: a rank
 // forwards chunk c while it receives chunk c+1.
 void chainBroadcast(QueuedLink& link, uint8_t* data, size_t bytes, int root, size_t chunkBytes);

@@ -48,6 +48,8 @@ class QueuedLink {
   virtual void decodeAdd(codecs::Codec codec, const uint8_t* in, size_t count, float* acc) = 0;
   // data[i] *= factor in fp32, as the CPU's scaling loops do.
   virtual void scale(float* data, size_t count, float factor) = 0;
+  // dst = src, `bytes` of them; the two do not overlap.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // out = encode((acc + decode(in)) * scale), acc unchanged; the product is skipped when scale == 1.
   virtual void decodeAddEncode(codecs::Codec codec, const uint8_t* in, const float* acc, size_t count,
                                uint8_t* out, float scale) = 0;
