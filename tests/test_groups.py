@@ -141,6 +141,9 @@ def _subgroups_worker(rank: int, world: int) -> tuple[list[str], int]:
             "new_subgroups_by_enumeration all_reduce max",
             check_reduced(t, inputs, "max"),
         )
+    # Ranks 0 and 3 are done with their pair before 1 and 2 may have set theirs up through the
+    # store, which lives in rank 0's process: nobody leaves until everyone is done with it.
+    dist.barrier()
     return f.result()
 
 
