@@ -87,6 +87,7 @@ _GLOO_GAPS: dict[str, str] = {
     "all_gather_future_nesting": "gloo's all_gather future is a flat list, not [[tensors]]",
     "into_tensor_stacked": "gloo: all_gather_into_tensor/reduce_scatter_tensor reject the stacked (world, *shape) layout",
     "all_to_all_uneven_list": "gloo: all_to_all (list form) requires equal tensor sizes",
+    "all_to_all_single_in_place": "gloo: all_to_all_single(x, x) overwrites blocks before peers read them",
     "timeout_names_peer": "gloo timeout messages do not name the peer rank",
     "mismatch_aborts": "gloo aborts the process (gloo::EnforceNotMet) on a count/dtype mismatch",
 }

@@ -427,7 +427,7 @@ def _segments(
 def sweep_all_to_all(
     f: Failures, rank: int, world: int, backend: str, g: GroupOps
 ) -> None:
-    """all_to_all_single (equal and uneven splits) and all_to_all (lists)."""
+    """all_to_all_single (equal and uneven splits, and in place) and all_to_all (lists)."""
     for seed, dtype, shape in movement_cases(backend):
         name = dtype_feature(dtype)
         fulls = [input_for(seed, r, (world, *shape), dtype, None) for r in range(world)]
@@ -446,6 +446,14 @@ def sweep_all_to_all(
                 work.wait()
                 _check_future_concat(f, label, work, expected)
             f.check(label, check_equal(out, expected))
+
+        # The output is the input: blocks other ranks still need must not be overwritten.
+        label = f"all_to_all_single in place {name} shape={shape}"
+        if not gloo_gap(backend, "all_to_all_single_in_place"):
+            with f.guard(label):
+                both = fulls[rank].clone()
+                g.all_to_all_single(_flat0(both, world), _flat0(both, world))
+                f.check(label, check_equal(both, expected))
 
         label = f"all_to_all {name} shape={shape}"
         with f.guard(label):

@@ -13,7 +13,7 @@ threshold), and the four codecs' all-reduce (group option and
 per-call codec), reduce-scatter and all-gather, bit for bit against their CPU counterparts;
 all_gather_into_tensor exactly (also in place, FSDP's pattern) and reduce_scatter_tensor against
 the reference and the CPU ring's bits, its input left unchanged; broadcast from every root in
-several chunks; the caller's stream semantics (an op issued while the stream is still busy reads
+several chunks; all_to_all_single (uneven splits into a strided output, complex64, 1 MiB blocks in place); the caller's stream semantics (an op issued while the stream is still busy reads
 the final value); at world 2, ranks running different ops (SUM against AVG, different counts,
 different ops) fail with an error naming both. The schedules and the op stamps themselves are also
 checked without a GPU (tests/native/test_queued_collectives.cc).
@@ -89,6 +89,7 @@ def _nccl_worker(rank: int, world: int) -> list[str]:
             note(f"broadcast n={n} root {root}", check_equal(b.cpu(), inputs[root]))
 
     _check_other_schedules(rank, world, dev, cpu_ring, problems)
+    _check_alltoall(rank, world, dev, problems)
 
     # Issued while the caller's stream is still busy writing the input: the op must wait for it.
     x = torch.zeros(1 << 20, device=dev)
@@ -102,6 +103,47 @@ def _nccl_worker(rank: int, world: int) -> list[str]:
     if world == 2:
         _check_mismatches(rank, dev, problems)
     return problems
+
+
+def _check_alltoall(rank: int, world: int, dev: torch.device, problems: list[str]) -> None:
+    """all_to_all_single exactly: uneven splits with empty blocks into a strided 2-D float64 output,
+    complex64 (a dtype moved as bytes), and equal 1 MiB splits in place (the input is the output;
+    blocks that large go in many NCCL steps, so overwriting one before it is sent would show)."""
+
+    def block(a: int, b: int, rows: int) -> torch.Tensor:  # what rank a sends rank b: only they name it
+        first = a * 100_000 + b * 1_000
+        return torch.arange(first, first + rows * 3, dtype=torch.float64).view(rows, 3)
+
+    def expect(what: str, got: torch.Tensor, wanted: torch.Tensor) -> None:
+        outcome = check_equal(got.cpu(), wanted)
+        if outcome:
+            problems.append(f"all_to_all_single {what}: {outcome}")
+
+    for salt in (1, 2):
+        rows = [[(a * 7 + b * 3 + salt) % 5 for b in range(world)] for a in range(world)]
+        send = torch.cat([block(rank, b, rows[rank][b]) for b in range(world)]).to(dev)
+        received = [rows[a][rank] for a in range(world)]
+        wide = torch.full((sum(received), 6), -1.0, dtype=torch.float64, device=dev)
+        out = wide[:, ::2]  # not contiguous
+        dist.all_to_all_single(out, send, output_split_sizes=received, input_split_sizes=rows[rank])
+        expect(f"uneven salt {salt}", out, torch.cat([block(a, rank, rows[a][rank]) for a in range(world)]))
+        expect(f"uneven salt {salt} gaps", wide[:, 1::2], torch.full((sum(received), 3), -1.0, dtype=torch.float64))
+
+    values = torch.arange(world * 7, dtype=torch.float32) + rank * 1_000
+    c = torch.complex(values, -values).to(dev)
+    got = torch.empty_like(c)
+    dist.all_to_all_single(got, c)
+    wanted = torch.cat([torch.arange(rank * 7, rank * 7 + 7, dtype=torch.float32) + a * 1_000 for a in range(world)])
+    expect("complex64", got, torch.complex(wanted, -wanted))
+
+    each = 1 << 18  # int32 elements: 1 MiB per block
+    x = (torch.arange(world * each, dtype=torch.int32) + rank * 10_000_000).to(dev)
+    dist.all_to_all_single(x, x)
+    expect(
+        "in place",
+        x,
+        torch.cat([torch.arange(rank * each, (rank + 1) * each, dtype=torch.int32) + a * 10_000_000 for a in range(world)]),
+    )
 
 
 def _check_mismatches(rank: int, dev: torch.device, problems: list[str]) -> None:

@@ -597,8 +597,8 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
       std::atomic_store(&nccl_, std::make_shared<cuda::NcclComm>(library, adapter, "pycomm/nccl", rank_, size_,
                                                                  device.index(), comm_->timeout()));
       comm_->logger().log(LogLevel::kInfo,
-                          strCat("CUDA all-reduce (compressed too), broadcast, all_gather_into_tensor and "
-                                 "reduce_scatter_tensor run over NCCL point-to-point (",
+                          strCat("CUDA all-reduce (compressed too), broadcast, all_gather_into_tensor, "
+                                 "reduce_scatter_tensor and all_to_all_single run over NCCL point-to-point (",
                                  library.path(), ", version ", library.version(), ")"));
     } else {
       comm_->logger().log(LogLevel::kInfo, strCat("CUDA collectives are staged through host memory: ", why));
@@ -1341,6 +1341,17 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter_tensor_coalesced(
 
 namespace {
 
+// `in`, or a copy of it where its bytes overlap those of `out` (all_to_all_single(x, x)): an
+// all-to-all receives into the output while other ranks still need blocks of the input. Both are
+// contiguous, so comparing address ranges is exact, whichever storages they belong to.
+at::Tensor apartFrom(const at::Tensor& in, const at::Tensor& out) {
+  const auto* a = static_cast<const uint8_t*>(in.data_ptr());
+  const auto* b = static_cast<const uint8_t*>(out.data_ptr());
+  const size_t aBytes = in.nbytes(), bBytes = out.nbytes();
+  const bool overlap = aBytes > 0 && bBytes > 0 && a < b + bBytes && b < a + aBytes;
+  return overlap ? in.clone() : in;
+}
+
 // Element counts and offsets per peer for an all-to-all over dimension 0.
 void splitLayout(const at::Tensor& t, const std::vector<int64_t>& splits, int size, const Validator& v,
                  const char* what, size_t scale, std::vector<size_t>& counts, std::vector<size_t>& offsets) {
@@ -1382,6 +1393,32 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall_base(at::Tensor& output
                                                               const ::c10d::AllToAllOptions& opts) {
   Validator v(rank_, size_, "alltoall_base");
   if (auto device = v.deviceOf({input, output})) {
+    if (auto nccl = ncclFor(*device)) {
+      TORCH_CHECK_VALUE(input.defined() && output.defined(), v.where(), "got an undefined tensor");
+      v.sameDtype(input, output);
+      const Layout layout = movable(input);
+      std::vector<size_t> sendBytes, sendOffsets, recvBytes, recvOffsets;
+      splitLayout(input, inputSplits, size_, v, "input", layout.scale, sendBytes, sendOffsets);
+      splitLayout(output, outputSplits, size_, v, "output", layout.scale, recvBytes, recvOffsets);
+      const size_t esize = elementSize(layout.dtype);
+      for (auto* counts : {&sendBytes, &sendOffsets, &recvBytes, &recvOffsets}) {
+        for (auto& c : *counts) c *= esize;
+      }
+      const size_t tensorElementBytes = esize * layout.scale;
+      TORCH_CHECK_VALUE(sendBytes[rank_] == recvBytes[rank_], v.where(), "this rank sends itself ",
+                        sendBytes[rank_] / tensorElementBytes, " elements but expects ",
+                        recvBytes[rank_] / tensorElementBytes);
+      const auto stamp = stampOf(transport::OpKind::kAlltoall, layout.dtype, 0, nullptr, std::nullopt, -1);
+      return submitOnDevice(OpType::ALLTOALL_BASE, "pycomm:all_to_all_single", output, {input}, nccl, stamp,
+                            [input, output, sendBytes, sendOffsets, recvBytes, recvOffsets](algorithms::QueuedLink& link) {
+                              const Contiguous in(input), out(output);
+                              const at::Tensor source = apartFrom(in.flat, out.flat);
+                              algorithms::queued::directAlltoall(
+                                  link, static_cast<const uint8_t*>(source.data_ptr()), sendOffsets, sendBytes,
+                                  static_cast<uint8_t*>(out.flat.data_ptr()), recvOffsets, recvBytes);
+                              out.copyBack();
+                            });
+    }
     auto staging = beginStaging(*device);
     auto hostIn = staging->stage(input, true, false);
     auto hostOut = staging->stage(output, false, true);
@@ -1397,7 +1434,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall_base(at::Tensor& output
   auto comm = comm_;
   return submit(OpType::ALLTOALL_BASE, "pycomm:all_to_all_single", {output},
                 [comm, in, out, layout, sendCounts, sendOffsets, recvCounts, recvOffsets] {
-                  comm->alltoall(in.flat.data_ptr(), sendCounts, sendOffsets, out.flat.data_ptr(),
+                  const at::Tensor source = apartFrom(in.flat, out.flat);
+                  comm->alltoall(source.data_ptr(), sendCounts, sendOffsets, out.flat.data_ptr(),
                                  recvCounts, recvOffsets, layout.dtype);
                   out.copyBack();
                 });

@@ -110,9 +110,9 @@ class PycommBackend final : public ::c10d::Backend {
                                              const std::function<c10::intrusive_ptr<::c10d::Work>()>& cpuOp);
   // The group's NCCL communicator for collectives on `device`, or null when they are staged. The
   // first call decides for the whole group (collective: every rank's first all-reduce, compressed
-  // all-reduce, broadcast, all_gather_into_tensor or reduce_scatter_tensor of a CUDA tensor calls it
-  // at the same point of its sequence): NCCL when every rank can load it and has a GPU of its own,
-  // staging otherwise. Needs a CUDA build; null in a CPU one.
+  // all-reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor or all_to_all_single of a
+  // CUDA tensor calls it at the same point of its sequence): NCCL when every rank can load it and
+  // has a GPU of its own, staging otherwise. Needs a CUDA build; null in a CPU one.
   std::shared_ptr<cuda::NcclComm> ncclFor(c10::Device device);
   // A collective on CUDA tensors run by `body` over the group's NCCL link (a queued schedule on the
   // communication stream, which is current while it runs): ordered after the caller's stream,

@@ -6,7 +6,7 @@
 //   * results against the CPU algorithm of the same name (ring, tree, rhd in both its modes, ...) in
 //     the same process (a Communicator over TCP on loopback): float32 bit for bit (signed zeros and
 //     NaN payloads too, which show the order of reduction), integers exactly, plus a float64
-//     reference;
+//     reference; all-to-all with uneven splits byte for byte;
 //   * that every schedule finishes (a schedule whose groups cannot all be in flight together would
 //     wait here until the link's deadline and fail, as it would hang on NCCL);
 //   * that every send pairs with a receive of the same byte count, and that a group never receives
@@ -326,6 +326,47 @@ void checkBroadcast(int size) {
   }
 }
 
+// All-to-all with uneven splits (zeros among them), every byte exact: block (a -> b) holds bytes
+// only a and b can name, so a block sent to the wrong place or landing at the wrong offset shows.
+void checkAlltoall(int size) {
+  for (uint32_t salt : {1u, 2u, 3u}) {
+    // bytes[a][b]: what a sends to b; some are 0, some odd.
+    std::vector<std::vector<size_t>> bytes(size, std::vector<size_t>(size));
+    for (int a = 0; a < size; ++a) {
+      for (int b = 0; b < size; ++b) bytes[a][b] = ((a * 7 + b * 13 + salt * 5) % 6 == 0) ? 0 : (a * 131 + b * 17 + salt * 29) % 1000;
+    }
+    auto byteOf = [](int a, int b, size_t i) { return static_cast<uint8_t>(a * 37 + b * 11 + i * 7); };
+    HostFabric fabric(std::chrono::seconds(20));
+    runRanks(size, [&](int r) {
+      HostLink link(fabric, r, size);
+      std::vector<size_t> sendOffsets(size), sendBytes(size), recvOffsets(size), recvBytes(size);
+      size_t in = 0, out = 0;
+      for (int q = 0; q < size; ++q) {
+        sendOffsets[q] = in;
+        sendBytes[q] = bytes[r][q];
+        in += sendBytes[q];
+        recvOffsets[q] = out;
+        recvBytes[q] = bytes[q][r];
+        out += recvBytes[q];
+      }
+      std::vector<uint8_t> input(in), output(out, 0xee);
+      for (int q = 0; q < size; ++q) {
+        for (size_t i = 0; i < sendBytes[q]; ++i) input[sendOffsets[q] + i] = byteOf(r, q, i);
+      }
+      algorithms::queued::directAlltoall(link, input.data(), sendOffsets, sendBytes, output.data(), recvOffsets,
+                                         recvBytes);
+      for (int q = 0; q < size; ++q) {
+        for (size_t i = 0; i < recvBytes[q]; ++i) {
+          if (output[recvOffsets[q] + i] != byteOf(q, r, i)) {
+            EXPECT_TRUE(false, "all-to-all world ", size, " salt ", salt, " rank ", r, " from ", q, " byte ", i);
+            break;
+          }
+        }
+      }
+    });
+  }
+}
+
 // The compressed all-reduce against the CPU's, bit for bit, every codec, SUM and AVG, several pieces.
 void checkCompressed(int size) {
   const size_t chunkBytes = 2048;  // 512-element segments: a piece per 512 * size elements
@@ -501,6 +542,7 @@ int main() {
     checkAllreduce(size, Algorithm::kRhd);
     checkReduceScatterAllgather(size);
     checkBroadcast(size);
+    checkAlltoall(size);
     checkStamps(size);
   }
   for (int size = 1; size <= 7; ++size) {

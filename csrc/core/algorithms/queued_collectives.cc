@@ -179,6 +179,22 @@ void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t coun
   }
 }
 
+void directAlltoall(QueuedLink& link, const uint8_t* in, const std::vector<size_t>& sendOffsets,
+                    const std::vector<size_t>& sendBytes, uint8_t* out, const std::vector<size_t>& recvOffsets,
+                    const std::vector<size_t>& recvBytes) {
+  const int p = link.size();
+  const int r = link.rank();
+  std::vector<QueuedTransfer> group;
+  group.reserve(2 * static_cast<size_t>(p));
+  for (int i = 1; i < p; ++i) {  // peers in the order r+1, r+2, ...: each rank starts with a different one
+    const int q = mod(r + i, p);
+    group.push_back({Kind::kRecv, q, out + recvOffsets[q], recvBytes[q]});
+    group.push_back({Kind::kSend, q, const_cast<uint8_t*>(in + sendOffsets[q]), sendBytes[q]});
+  }
+  if (!group.empty()) link.post(group, "all-to-all");
+  link.copy(out + recvOffsets[r], in + sendOffsets[r], recvBytes[r]);
+}
+
 size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype) {
   // One chunk per child per tree: a chunk is reduced before the next group can receive over it.
   return 4 * treeAreaBytes(count, chunkElems, elementSize(dtype));

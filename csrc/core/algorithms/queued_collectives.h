@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "../codecs/block_codec.h"
 #include "../dtype.h"
@@ -47,6 +48,14 @@ size_t rhdScratchBytes(size_t count, DataType dtype);
 // the bits are the CPU rhd's with the same `halving`.
 void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
                   bool halving);
+
+// All-to-all as one group, as direct.h's: sendBytes[q] bytes at in + sendOffsets[q] go to rank q,
+// recvBytes[q] bytes from rank q land at out + recvOffsets[q], and this rank's own block is copied.
+// Every rank's sendBytes[q] must equal q's recvBytes[r] (nothing on the wire checks it). `in` and
+// `out` must not overlap.
+void directAlltoall(QueuedLink& link, const uint8_t* in, const std::vector<size_t>& sendOffsets,
+                    const std::vector<size_t>& sendBytes, uint8_t* out, const std::vector<size_t>& recvOffsets,
+                    const std::vector<size_t>& recvBytes);
 
 // Root's `bytes` to every rank down the chain root, root+1, ... in chunks of chunkBytes: a rank
 // forwards chunk c while it receives chunk c+1.
