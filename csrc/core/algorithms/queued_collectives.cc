@@ -6,6 +6,7 @@
 
 #include "../error.h"
 #include "compressed.h"
+#include "rhd.h"
 #include "tree.h"
 
 namespace pycomm::algorithms::queued {
@@ -101,30 +102,23 @@ void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t coun
   if (p == 1 || count == 0) return;
   const int r = link.rank();
   const size_t esize = elementSize(dtype);
-  int q = 1;  // the largest power of two not above p
-  while (q * 2 <= p) q *= 2;
-  const int extra = p - q;
+  const RhdRanks ranks(r, p);
+  const int q = ranks.q, vrank = ranks.vrank;
   uint8_t* incoming = alignedLike(scratch, data);
 
   // Fold-in: among the first 2*extra ranks, the even one hands its vector to the odd one.
-  int vrank;  // rank among the q participants, or -1 for one that sits out
-  if (r < 2 * extra) {
-    if (r % 2 == 0) {
+  if (ranks.folds(r)) {
+    if (vrank < 0) {
       link.post({{Kind::kSend, r + 1, data, count * esize}}, "rhd fold-in");
-      vrank = -1;
     } else {
       link.post({{Kind::kRecv, r - 1, incoming, count * esize}}, "rhd fold-in");
       link.reduce(data, incoming, count, dtype, op);
-      vrank = r / 2;
     }
-  } else {
-    vrank = r - extra;
   }
-  auto realRank = [&](int v) { return v < extra ? 2 * v + 1 : v + extra; };
 
   if (vrank >= 0 && !halving) {
     for (int mask = 1; mask < q; mask <<= 1) {
-      const int partner = realRank(vrank ^ mask);
+      const int partner = ranks.realRank(vrank ^ mask);
       link.post({{Kind::kRecv, partner, incoming, count * esize}, {Kind::kSend, partner, data, count * esize}},
                 "rhd exchange");
       // The lower virtual rank's vector first, so both partners get the same bits.
@@ -139,27 +133,22 @@ void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t coun
     const Segments segments(count, q);
     int lo = 0, hi = q;  // the window of segments this rank is responsible for
     for (int mask = q / 2; mask >= 1; mask >>= 1) {  // recursive halving: keep our own segment's half
-      const int partner = realRank(vrank ^ mask);
-      const int mid = lo + (hi - lo) / 2;
-      const bool upper = (vrank & mask) != 0;
-      const int keepLo = upper ? mid : lo, keepHi = upper ? hi : mid;
-      const int sendLo = upper ? lo : mid, sendHi = upper ? mid : hi;
-      const size_t keepOff = segments.offset(keepLo), keepLen = segments.offset(keepHi) - keepOff;
-      const size_t sendOff = segments.offset(sendLo), sendLen = segments.offset(sendHi) - sendOff;
+      const int partner = ranks.realRank(vrank ^ mask);
+      const RhdHalves h = rhdHalve(lo, hi, (vrank & mask) != 0);
+      const size_t keepOff = segments.offset(h.keepLo), keepLen = segments.offset(h.keepHi) - keepOff;
+      const size_t sendOff = segments.offset(h.sendLo), sendLen = segments.offset(h.sendHi) - sendOff;
       uint8_t* kept = data + keepOff * esize;
       uint8_t* got = alignedLike(scratch, kept);
       link.post({{Kind::kRecv, partner, got, keepLen * esize},
                  {Kind::kSend, partner, data + sendOff * esize, sendLen * esize}},
                 "rhd halving");
       link.reduce(kept, got, keepLen, dtype, op);
-      lo = keepLo;
-      hi = keepHi;
+      lo = h.keepLo;
+      hi = h.keepHi;
     }
     for (int mask = 1; mask < q; mask <<= 1) {  // recursive doubling: swap windows with the partner
-      const int partner = realRank(vrank ^ mask);
-      const bool upper = (vrank & mask) != 0;
-      const int width = hi - lo;
-      const int otherLo = upper ? lo - width : hi, otherHi = upper ? lo : hi + width;
+      const int partner = ranks.realRank(vrank ^ mask);
+      const auto [otherLo, otherHi] = rhdPartnerWindow(lo, hi, (vrank & mask) != 0);
       const size_t myOff = segments.offset(lo), myLen = segments.offset(hi) - myOff;
       const size_t otherOff = segments.offset(otherLo), otherLen = segments.offset(otherHi) - otherOff;
       link.post({{Kind::kRecv, partner, data + otherOff * esize, otherLen * esize},
@@ -170,7 +159,7 @@ void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t coun
     }
   }
   // Fold-out: the result back to the ranks that sat out.
-  if (r < 2 * extra) {
+  if (ranks.folds(r)) {
     if (r % 2 == 0) {
       link.post({{Kind::kRecv, r + 1, data, count * esize}}, "rhd fold-out");
     } else {

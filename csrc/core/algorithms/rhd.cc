@@ -6,15 +6,22 @@
 #include "../codecs/reduce.h"
 
 namespace pycomm::algorithms {
-namespace {
 
-int largestPowerOfTwo(int p) {
-  int q = 1;
-  while (q * 2 <= p) q *= 2;
-  return q;
+RhdRanks::RhdRanks(int rank, int size) : q(1) {
+  while (q * 2 <= size) q *= 2;
+  extra = size - q;
+  vrank = !folds(rank) ? rank - extra : rank % 2 == 1 ? rank / 2 : -1;
 }
 
-}  // namespace
+RhdHalves rhdHalve(int lo, int hi, bool upper) {
+  const int mid = lo + (hi - lo) / 2;
+  return upper ? RhdHalves{mid, hi, lo, mid} : RhdHalves{lo, mid, mid, hi};
+}
+
+RhdWindow rhdPartnerWindow(int lo, int hi, bool upper) {
+  const int width = hi - lo;
+  return upper ? RhdWindow{lo - width, lo} : RhdWindow{hi, hi + width};
+}
 
 size_t rhdScratchBytes(size_t count, DataType dtype) { return std::max<size_t>(count, 1) * elementSize(dtype); }
 
@@ -24,30 +31,24 @@ void rhdAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataTyp
   if (p == 1) return;
   const int r = op.rank();
   const size_t esize = elementSize(dtype);
-  const int q = largestPowerOfTwo(p);
-  const int extra = p - q;
+  const RhdRanks ranks(r, p);
+  const int q = ranks.q, vrank = ranks.vrank;
   uint32_t slot = 0;
 
   // Fold-in: among the first 2*extra ranks, even ones hand their vector to the odd neighbour.
-  int vrank;  // rank among the q participants, or -1 for a rank that sits out
-  if (r < 2 * extra) {
-    if (r % 2 == 0) {
+  if (ranks.folds(r)) {
+    if (vrank < 0) {
       op.send(r + 1, slot, data, count * esize);
-      vrank = -1;
     } else {
       op.wait(op.recv(r - 1, slot, scratch, count * esize));
       codecs::reduceInto(data, scratch, count, dtype, reduceOp);
-      vrank = r / 2;
     }
-  } else {
-    vrank = r - extra;
   }
   ++slot;
-  auto realRank = [&](int v) { return v < extra ? 2 * v + 1 : v + extra; };
 
   if (vrank >= 0 && !halving) {
     for (int mask = 1; mask < q; mask <<= 1, ++slot) {
-      const int partner = realRank(vrank ^ mask);
+      const int partner = ranks.realRank(vrank ^ mask);
       auto recv = op.recv(partner, slot, scratch, count * esize);
       auto send = op.send(partner, slot, data, count * esize);
       op.wait(recv);
@@ -65,27 +66,22 @@ void rhdAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataTyp
     int lo = 0, hi = q;  // window of segments this rank is responsible for
     // Recursive halving: keep the half of the window that holds our own segment.
     for (int mask = q / 2; mask >= 1; mask >>= 1, ++slot) {
-      const int partner = realRank(vrank ^ mask);
-      const int mid = lo + (hi - lo) / 2;
-      const bool upper = (vrank & mask) != 0;
-      const int keepLo = upper ? mid : lo, keepHi = upper ? hi : mid;
-      const int sendLo = upper ? lo : mid, sendHi = upper ? mid : hi;
-      const size_t keepOff = segments.offset(keepLo), keepLen = segments.offset(keepHi) - keepOff;
-      const size_t sendOff = segments.offset(sendLo), sendLen = segments.offset(sendHi) - sendOff;
+      const int partner = ranks.realRank(vrank ^ mask);
+      const RhdHalves h = rhdHalve(lo, hi, (vrank & mask) != 0);
+      const size_t keepOff = segments.offset(h.keepLo), keepLen = segments.offset(h.keepHi) - keepOff;
+      const size_t sendOff = segments.offset(h.sendLo), sendLen = segments.offset(h.sendHi) - sendOff;
       auto recv = op.recv(partner, slot, scratch, keepLen * esize);
       op.send(partner, slot, data + sendOff * esize, sendLen * esize);
       op.wait(recv);
       codecs::reduceInto(data + keepOff * esize, scratch, keepLen, dtype, reduceOp);
       op.waitAll();
-      lo = keepLo;
-      hi = keepHi;
+      lo = h.keepLo;
+      hi = h.keepHi;
     }
     // Recursive doubling: swap windows with the partner until every rank holds everything.
     for (int mask = 1; mask < q; mask <<= 1, ++slot) {
-      const int partner = realRank(vrank ^ mask);
-      const bool upper = (vrank & mask) != 0;
-      const int width = hi - lo;
-      const int otherLo = upper ? lo - width : hi, otherHi = upper ? lo : hi + width;
+      const int partner = ranks.realRank(vrank ^ mask);
+      const auto [otherLo, otherHi] = rhdPartnerWindow(lo, hi, (vrank & mask) != 0);
       const size_t myOff = segments.offset(lo), myLen = segments.offset(hi) - myOff;
       const size_t otherOff = segments.offset(otherLo), otherLen = segments.offset(otherHi) - otherOff;
       auto recv = op.recv(partner, slot, data + otherOff * esize, otherLen * esize);
@@ -98,7 +94,7 @@ void rhdAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataTyp
   }
   // Fold-out: hand the result back to the ranks that sat out. Slot after every step of both modes.
   const uint32_t outSlot = static_cast<uint32_t>(1 + 2 * 32);
-  if (r < 2 * extra) {
+  if (ranks.folds(r)) {
     if (r % 2 == 0) {
       op.wait(op.recv(r + 1, outSlot, data, count * esize));
     } else {

@@ -15,6 +15,30 @@
 
 namespace pycomm::algorithms {
 
+// Who takes part in rhd among `size` ranks, shared by the CPU schedule below and the queued one
+// (queued_collectives.h), so that both pair, split and reduce alike.
+struct RhdRanks {
+  RhdRanks(int rank, int size);
+  int q;      // the largest power of two not above size
+  int extra;  // size - q: ranks 0 .. 2*extra-1 fold in pairs, the even one into the odd one
+  int vrank;  // this rank among the q participants; -1 for one that hands its vector over and sits out
+  bool folds(int rank) const { return rank < 2 * extra; }
+  int realRank(int v) const { return v < extra ? 2 * v + 1 : v + extra; }
+};
+
+// One step of recursive halving over the window [lo, hi) of segments: the half a rank keeps (the
+// one holding its own segment, the upper half when its virtual rank has the step's bit) and the half
+// it sends.
+struct RhdHalves {
+  int keepLo, keepHi, sendLo, sendHi;
+};
+RhdHalves rhdHalve(int lo, int hi, bool upper);
+// One step of recursive doubling: the partner's window, as wide as [lo, hi) and next to it.
+struct RhdWindow {
+  int lo, hi;
+};
+RhdWindow rhdPartnerWindow(int lo, int hi, bool upper);
+
 size_t rhdScratchBytes(size_t count, DataType dtype);
 
 // `halving` selects Rabenseifner (long messages) over whole-vector recursive doubling (short).
