@@ -526,6 +526,14 @@ void checkStamps(int size) {
   differs([](QueuedStamp& s) { s.algorithm = static_cast<uint8_t>(Algorithm::kTree); }, "algorithm");
   differs([](QueuedStamp& s) { s.signature.root = 0; }, "root");
   differs([](QueuedStamp& s) { s.chunkBytes = 8192; }, "chunk_bytes");
+  // Each schedule a stamp can carry is named in the message.
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) {
+    QueuedStamp named = base;
+    named.algorithm = static_cast<uint8_t>(a);
+    const std::string text = algorithms::describe(named);
+    EXPECT_TRUE(text.find(strCat("algorithm ", algorithmName(a), ",")) != std::string::npos,
+                "the stamp description does not name ", algorithmName(a), ": ", text);
+  }
   // A stamp that never arrived: an error once the op ran (something is broken), and nothing to say
   // about an op that failed or timed out (its own error stands).
   const std::string missing = verdict(1, base, QueuedStamp{});

@@ -7,7 +7,8 @@
 //     of the same group, and the group ends when all of them have;
 //   * groups and kernels run in the order they were posted, each after the one before;
 //   * a send pairs with the peer's next unmatched receive from this rank, which must be of the same
-//     byte count (nothing checks it on the wire: a schedule must agree with itself across ranks);
+//     byte count (nothing checks it on the wire: a schedule must agree with itself across ranks,
+//     and the op stamps of queued_stamp.h check that the ranks run the same op);
 //   * a send may wait until its receive is posted, so a schedule is deadlock-free only when the
 //     groups that pair with each other can all be in flight at once. The schedules here pair
 //     groups of the same step index on every rank.

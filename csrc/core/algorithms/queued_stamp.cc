@@ -14,12 +14,13 @@ QueuedStamp makeQueuedStamp(const transport::OpSignature& signature, bool averag
 
 std::string describe(const QueuedStamp& stamp) {
   if (stamp.magic != kQueuedStampMagic) return "nothing recognisable (not a pycomm op stamp)";
-  // Only kRing and kTree are stamped; anything else is named by number (a stamp from elsewhere).
-  const auto algorithm = static_cast<Algorithm>(stamp.algorithm);
-  const std::string schedule = stamp.algorithm == 0 ? ""
-                               : algorithm == Algorithm::kRing || algorithm == Algorithm::kTree
-                                   ? strCat("algorithm ", algorithmName(algorithm), ", ")
-                                   : strCat("algorithm #", int(stamp.algorithm), ", ");
+  // 0 (auto) where the algorithm does not decide the transfers; past kRhd, not an Algorithm at all
+  // (a stamp from elsewhere), named by number.
+  const std::string schedule =
+      stamp.algorithm == 0 ? ""
+      : stamp.algorithm <= static_cast<uint8_t>(Algorithm::kRhd)
+          ? strCat("algorithm ", algorithmName(static_cast<Algorithm>(stamp.algorithm)), ", ")
+          : strCat("algorithm #", int(stamp.algorithm), ", ");
   return strCat("op #", stamp.seq, ", ", stamp.signature.describe(), stamp.average ? " averaged" : "", " (", schedule,
                 "chunk_bytes ", stamp.chunkBytes, ")");
 }
