@@ -37,7 +37,7 @@ void NcclLink::scale(float* data, size_t count, float factor) { cuda::scale(data
 
 void NcclLink::copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  checkCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "rhd: cudaMemcpyAsync");
+  checkCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy: cudaMemcpyAsync");
 }
 
 void NcclLink::decodeAddEncode(codecs::Codec codec, const uint8_t* in, const float* acc, size_t count, uint8_t* out,

@@ -106,7 +106,7 @@ void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t coun
   const int q = ranks.q, vrank = ranks.vrank;
   uint8_t* incoming = alignedLike(scratch, data);
 
-  // Fold-in: among the first 2*extra ranks, the even one hands its vector to the odd one.
+  // Fold-in: of each pair that folds (RhdRanks), the even rank hands its vector to the odd one.
   if (ranks.folds(r)) {
     if (vrank < 0) {
       link.post({{Kind::kSend, r + 1, data, count * esize}}, "rhd fold-in");
@@ -160,7 +160,7 @@ void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t coun
   }
   // Fold-out: the result back to the ranks that sat out.
   if (ranks.folds(r)) {
-    if (r % 2 == 0) {
+    if (vrank < 0) {
       link.post({{Kind::kRecv, r + 1, data, count * esize}}, "rhd fold-out");
     } else {
       link.post({{Kind::kSend, r - 1, data, count * esize}}, "rhd fold-out");

@@ -35,7 +35,7 @@ void rhdAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataTyp
   const int q = ranks.q, vrank = ranks.vrank;
   uint32_t slot = 0;
 
-  // Fold-in: among the first 2*extra ranks, even ones hand their vector to the odd neighbour.
+  // Fold-in: of each pair that folds (RhdRanks), the even rank hands its vector to the odd one.
   if (ranks.folds(r)) {
     if (vrank < 0) {
       op.send(r + 1, slot, data, count * esize);
@@ -95,7 +95,7 @@ void rhdAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataTyp
   // Fold-out: hand the result back to the ranks that sat out. Slot after every step of both modes.
   const uint32_t outSlot = static_cast<uint32_t>(1 + 2 * 32);
   if (ranks.folds(r)) {
-    if (r % 2 == 0) {
+    if (vrank < 0) {
       op.wait(op.recv(r + 1, outSlot, data, count * esize));
     } else {
       op.send(r - 1, outSlot, data, count * esize);
