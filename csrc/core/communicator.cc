@@ -641,7 +641,7 @@ void Communicator::hierarchicalAllreduce(Op& o, uint8_t* data, size_t count, Dat
 namespace {
 OpSignature compressedSignature(OpKind kind, size_t count, codecs::Codec codec, bool average) {
   OpSignature s = makeSignature(kind, DataType::kFloat32, ReduceOp::kSum, -1, count);
-  s.codec = static_cast<uint8_t>(1 + static_cast<int>(codec));
+  s.codec = transport::signatureCodec(codec);
   s.root = average ? -2 : -1;  // AVG and SUM must not be mixed across ranks either
   return s;
 }

@@ -219,7 +219,7 @@ algorithms::QueuedStamp stampOf(transport::OpKind kind, DataType dtype, size_t c
   signature.kind = kind;
   signature.dtype = static_cast<uint8_t>(dtype);
   signature.reduceOp = spec != nullptr ? static_cast<uint8_t>(spec->op) : 0;
-  signature.codec = codec ? static_cast<uint8_t>(1 + static_cast<int>(*codec)) : 0;
+  signature.codec = transport::signatureCodec(codec);
   signature.root = root;
   signature.count = count;
   return algorithms::makeQueuedStamp(signature, spec != nullptr && spec->average);
@@ -520,7 +520,7 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
       // transfer belongs to, so ranks that disagree would pair wrong transfers; the TCP path
       // catches that in each frame's signature.
       uint8_t algorithm;
-      uint8_t codec;  // 0: none, else 1 + codecs::Codec
+      uint8_t codec;  // transport::signatureCodec
       uint64_t chunkBytes;
     };
     Record mine{};
@@ -549,7 +549,7 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
         // Read here, on the worker: the options in effect at this point of the group's sequence.
         const Config& config = comm_->config();
         mine.algorithm = static_cast<uint8_t>(config.algorithm);
-        mine.codec = config.compression ? static_cast<uint8_t>(1 + static_cast<int>(*config.compression)) : 0;
+        mine.codec = transport::signatureCodec(config.compression);
         mine.chunkBytes = config.chunkBytes;
         comm_->allgather(&mine, all.data(), sizeof(Record), DataType::kUInt8);
         exchanged.set_value();
@@ -582,8 +582,9 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
     }
     TORCH_CHECK(useNccl || !askedForNccl, where, "cuda_transport=nccl, but ", why);
     auto options = [](const Record& record) {
+      const auto codec = transport::codecOfSignature(record.codec);
       return strCat("algorithm=", algorithmName(static_cast<Algorithm>(record.algorithm)), ", compression=",
-                    record.codec == 0 ? "none" : codecs::codecName(static_cast<codecs::Codec>(record.codec - 1)),
+                    codec ? codecs::codecName(*codec) : record.codec == 0 ? "none" : "unknown",
                     ", chunk_bytes=", record.chunkBytes);
     };
     for (int r = 1; r < size_ && useNccl; ++r) {

@@ -28,9 +28,17 @@ std::string OpSignature::describe() const {
     out += strCat(" (op ", reduceOpName(static_cast<ReduceOp>(reduceOp)), ")");
   }
   if (root >= 0) out += strCat(" with root ", root);
-  static const char* const kCodecs[] = {"fp16", "bf16", "fp8_e4m3", "fp8_e5m2"};
-  if (codec > 0 && codec <= 4) out += strCat(" compressed as ", kCodecs[codec - 1]);
+  if (const auto c = codecOfSignature(codec)) out += strCat(" compressed as ", codecs::codecName(*c));
   return out;
+}
+
+uint8_t signatureCodec(std::optional<codecs::Codec> codec) {
+  return codec ? static_cast<uint8_t>(1 + static_cast<int>(*codec)) : 0;
+}
+
+std::optional<codecs::Codec> codecOfSignature(uint8_t codec) {
+  if (codec == 0 || codec > 1 + static_cast<int>(codecs::Codec::kFp8E5M2)) return std::nullopt;
+  return static_cast<codecs::Codec>(codec - 1);
 }
 
 FrameHeader makeHeader(FrameKind kind, const FrameInfo& info, uint64_t nbytes) {

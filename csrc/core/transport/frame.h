@@ -6,7 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "../codecs/block_codec.h"
 
 namespace pycomm::transport {
 
@@ -83,6 +86,10 @@ struct FrameInfo {
 
 FrameHeader makeHeader(FrameKind kind, const FrameInfo& info, uint64_t nbytes);
 OpSignature signatureOf(const FrameHeader& header);
+// OpSignature::codec for an op: 0 when uncompressed, 1 + the codec otherwise; and back (nullopt for
+// 0 and for a byte that names no codec).
+uint8_t signatureCodec(std::optional<codecs::Codec> codec);
+std::optional<codecs::Codec> codecOfSignature(uint8_t codec);
 // Empty string if the header is well formed, otherwise why not.
 std::string validateHeader(const FrameHeader& header);
 
