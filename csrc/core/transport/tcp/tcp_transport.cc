@@ -29,6 +29,15 @@ constexpr size_t kCallerReadMaxBytes = 64 * 1024;
 constexpr int kCallerReadSpins = 200;
 // Reads (a header or a piece of a payload each) a waiter goes on with once its own frame is in.
 constexpr int kCallerReadsPastOwnFrame = 16;
+// How long a socket a waiting thread drained stays out of the loop's sight once that thread is done
+// (TcpTransport::Peer::lingering): the next op's message is usually read by a waiting thread too,
+// and a wake-up of the loop for it costs more than the message. It is also how often the loop wakes
+// while sockets linger: at world 4 over loopback 10 ms was faster than 2 ms (docs/ALGORITHMS.md).
+constexpr std::chrono::milliseconds kCallerLinger{10};
+
+int64_t steadyNanoseconds() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 // Where unwanted bytes go. Per thread: the loop thread and waiting callers read different peers at once.
 uint8_t* discardBuffer(size_t& size) {
@@ -179,6 +188,7 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
                size_, ")");
   auto request = std::make_shared<Request>(Request::Direction::kRecv, peer, data, nbytes);
   std::vector<Completion> completions;
+  bool postedForLoop = false;
   {
     std::lock_guard<std::mutex> lock(matchMutex_);
     // A message that already arrived is delivered even if its sender has gone since: a peer may
@@ -215,9 +225,12 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
         completions.push_back({request, 0, peer, peers_[peer]->failure});
       } else {
         postedP2P_.push_back({peer, info.seq, request});
+        postedForLoop = true;
       }
     }
   }
+  // A point-to-point receive may complete with no thread waiting for it (a callback, polling).
+  if (postedForLoop) watchForInput(peer);
   finish(completions);
   return request;
 }
@@ -259,7 +272,11 @@ bool TcpTransport::cancel(const std::shared_ptr<Request>& request, Clock::time_p
   if (active || !request->done()) {
     // The loop is moving this request's bytes right now; that ends soon unless the peer stalls.
     try {
-      request->wait(deadline, context());
+      if (request->direction() == Request::Direction::kRecv) {
+        waitForLoop(*request, request->peer(), deadline, context());
+      } else {
+        request->wait(deadline, context());
+      }
     } catch (const Error&) {
       // Only whether it is done matters here; the op reports its own error.
     }
@@ -515,7 +532,10 @@ void TcpTransport::loop() {
   onLoopThread = true;
   epoll_event events[64];
   while (!stopping_.load()) {
-    int n = epoll_wait(epoll_.fd(), events, 64, -1);
+    // While sockets linger out of sight the loop wakes now and then to take back idle ones.
+    int n = epoll_wait(epoll_.fd(), events, 64,
+                       loopTimed_.load() ? static_cast<int>(kCallerLinger.count()) : -1);
+    if (loopTimed_.load()) endIdleLingers();
     if (n < 0) {
       if (errno == EINTR) continue;
       logger_.warn(strCat(context(), " event loop stopped: epoll_wait: ", std::strerror(errno)));
@@ -544,22 +564,42 @@ void TcpTransport::loop() {
 
 void TcpTransport::wait(const std::shared_ptr<Request>& request, Clock::time_point deadline,
                         const std::string& context) {
-  if (!request->done() && request->direction() == Request::Direction::kRecv && request->peer() != kAnyPeer &&
-      request->capacity() <= kCallerReadMaxBytes && !onLoopThread) {
+  if (request->done()) {
+    request->wait(deadline, context);  // throws what it failed with
+  } else if (request->direction() == Request::Direction::kSend) {
+    // A send that waits is one the peer is not draining, perhaps because it is stuck in a send of its
+    // own to a rank that waits like this one: no linger here may keep this rank from reading.
+    waitForLoop(*request, kAnyPeer, deadline, context);
+  } else if (request->peer() != kAnyPeer && request->capacity() <= kCallerReadMaxBytes && !onLoopThread) {
     readOnCallingThread(*peers_[request->peer()], *request, deadline);
+    request->wait(deadline, context);
+  } else {
+    waitForLoop(*request, request->peer(), deadline, context);
   }
-  request->wait(deadline, context);
+}
+
+void TcpTransport::waitForLoop(Request& request, int peer, Clock::time_point deadline, const std::string& context) {
+  setLoopReading(peer, true);
+  struct Unhold {
+    TcpTransport& transport;
+    int peer;
+    ~Unhold() { transport.setLoopReading(peer, false); }
+  } unhold{*this, peer};
+  request.wait(deadline, context);
 }
 
 void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time_point deadline) {
   // Requests completed by what this thread reads. They complete, and their callbacks run, only once
-  // the socket is back with the loop, so a callback may wait for anything from this peer.
+  // this thread has stopped reading the socket, so a callback may wait for anything from this peer
+  // (a wait for what this thread would not read ends any linger).
   std::vector<Completion> found;
+  bool drained = false;  // the last read found the socket empty: nothing is left for the loop
   // Reads what the socket holds up to this request's frame, and then a few short frames that are
   // already there (the next steps of the same op, often): never a long payload past its own frame,
   // which is the loop's, and never an endless stream. False if the loop must take over (rings,
   // stopping, closed).
   auto readNow = [&](int& fd) {
+    drained = false;
     return handleInput(
         peer,
         [&] {
@@ -575,7 +615,10 @@ void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time
                                            peer.header.nbytes - peer.payloadGot > kCallerReadMaxBytes;
               if (longPayloadNext || ++readsPast > kCallerReadsPastOwnFrame) break;
             }
-            if (!readSome(peer)) break;
+            if (!readSome(peer)) {
+              drained = true;
+              break;
+            }
           }
           return true;
         },
@@ -584,6 +627,11 @@ void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time
   int fd = -1;
   bool reading = readNow(fd);
   finish(found);
+  if (!reading) {
+    watchForInput(peer.rank);  // a ring's doorbells, or a closed socket, are the loop's
+  } else if (request.done() && drained) {
+    peer.lastCallerRead.store(steadyNanoseconds(), std::memory_order_relaxed);  // a linger goes on
+  }
   // Another thread completing the request (a peer's failure report, an abort) writes to this;
   // made only once a wait is about to sleep, and owned by this wait alone.
   Socket wake;
@@ -594,14 +642,18 @@ void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time
       struct Unwatch {
         TcpTransport& transport;
         Peer& peer;
-        ~Unwatch() { transport.setCallerReading(peer, false); }
-      } unwatch{*this, peer};
+        bool linger;
+        ~Unwatch() { transport.setCallerReading(peer, false, linger); }
+      } unwatch{*this, peer, false};
       for (int spin = 0;; ++spin) {
         if (!readNow(fd)) {
           reading = false;
           break;
         }
-        if (!found.empty() || request.done()) break;
+        if (!found.empty() || request.done()) {
+          unwatch.linger = drained;
+          break;
+        }
         if (spin < kCallerReadSpins) {
           std::this_thread::yield();
           continue;
@@ -1020,18 +1072,85 @@ void TcpTransport::setPollWrite(Peer& peer, bool enable) {
 
 bool TcpTransport::watchLocked(Peer& peer, bool pollWrite) {
   epoll_event ev{};
-  ev.events = (peer.callerReaders > 0 ? 0u : static_cast<uint32_t>(EPOLLIN)) |
+  ev.events = (loopWatchesInput(peer) ? static_cast<uint32_t>(EPOLLIN) : 0u) |
               (pollWrite ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   ev.data.u64 = static_cast<uint64_t>(peer.rank);
   return epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, peer.socket.fd(), &ev) == 0;
 }
 
-void TcpTransport::setCallerReading(Peer& peer, bool reading) {
+void TcpTransport::setCallerReading(Peer& peer, bool reading, bool linger) {
+  bool wakeLoop = false;
+  {
+    std::lock_guard<std::mutex> lock(peer.sendMutex);
+    const bool watched = loopWatchesInput(peer);
+    peer.callerReaders += reading ? 1 : -1;
+    if (!reading && peer.callerReaders == 0) {
+      // No linger while a receive from this peer is the loop's to read.
+      peer.lingering = linger && peer.loopReaders == 0 && !p2pReceivePosted(peer.rank);
+      if (peer.lingering) {
+        peer.lastCallerRead.store(steadyNanoseconds(), std::memory_order_relaxed);
+        wakeLoop = !loopTimed_.exchange(true);  // a loop asleep for good must start taking lingers back
+      }
+    }
+    // A failed peer is no longer watched at all, and epoll says so; nothing is lost.
+    if (watched != loopWatchesInput(peer) && !stopping_.load()) (void)watchLocked(peer, peer.pollingWrite);
+  }
+  if (wakeLoop) {
+    const uint64_t one = 1;
+    (void)!::write(wakeup_.fd(), &one, sizeof one);
+  }
+}
+
+bool TcpTransport::p2pReceivePosted(int peer) {
+  std::lock_guard<std::mutex> lock(matchMutex_);
+  return std::any_of(postedP2P_.begin(), postedP2P_.end(),
+                     [&](const PostedP2P& posted) { return posted.peer == peer || posted.peer == kAnyPeer; });
+}
+
+void TcpTransport::setLoopReading(int peer, bool reading) {
+  if (peer == kAnyPeer) {
+    for (auto& p : peers_) {
+      if (p) setLoopReading(*p, reading);
+    }
+  } else {
+    setLoopReading(*peers_[peer], reading);
+  }
+}
+
+void TcpTransport::setLoopReading(Peer& peer, bool reading) {
   std::lock_guard<std::mutex> lock(peer.sendMutex);
-  peer.callerReaders += reading ? 1 : -1;
-  // Only the first reader and the last one change what the loop watches. A failed peer is no
-  // longer watched at all, and epoll says so; nothing is lost.
-  if (peer.callerReaders == (reading ? 1 : 0) && !stopping_.load()) (void)watchLocked(peer, peer.pollingWrite);
+  const bool watched = loopWatchesInput(peer);
+  peer.loopReaders += reading ? 1 : -1;
+  if (reading) peer.lingering = false;
+  if (watched != loopWatchesInput(peer) && !stopping_.load()) (void)watchLocked(peer, peer.pollingWrite);
+}
+
+void TcpTransport::watchForInput(int peer) {
+  setLoopReading(peer, true);
+  setLoopReading(peer, false);
+}
+
+void TcpTransport::endIdleLingers() {
+  const int64_t now = steadyNanoseconds();
+  if (now < nextLingerScan_) return;
+  const int64_t linger = std::chrono::nanoseconds(kCallerLinger).count();
+  nextLingerScan_ = now + linger;
+  // Cleared first: a thread that starts a linger after this sees it clear and wakes the loop; one
+  // that started before is seen below.
+  loopTimed_.store(false);
+  bool lingering = false;
+  for (auto& p : peers_) {
+    if (!p) continue;
+    std::lock_guard<std::mutex> lock(p->sendMutex);
+    if (!p->lingering) continue;
+    if (p->callerReaders > 0 || now - p->lastCallerRead.load(std::memory_order_relaxed) < linger) {
+      lingering = true;
+      continue;
+    }
+    p->lingering = false;
+    if (!stopping_.load()) (void)watchLocked(*p, p->pollingWrite);
+  }
+  if (lingering) loopTimed_.store(true);
 }
 
 void TcpTransport::failPeer(Peer& peer, std::exception_ptr error) {

@@ -5,8 +5,9 @@
 // caller's buffer; one that arrives first is buffered until its receive is posted. Sends are written
 // directly from the posting thread while the socket accepts them and queued for the loop otherwise,
 // so a rank's sends never wait on its receives. Likewise the thread waiting for a short message
-// reads the peer's socket itself while the loop leaves that socket alone (wait()), so the message
-// costs no wake-up of the loop; everything else is read by the loop.
+// reads the peer's socket itself while the loop leaves that socket alone (wait()), and for a short
+// while after (Peer::lingering), so neither that message nor the next op's costs a wake-up of the
+// loop; everything else is read by the loop.
 #pragma once
 
 #include <atomic>
@@ -98,6 +99,13 @@ class TcpTransport final : public Transport {
     bool writeViaRing = false;  // the move frame went out: later frames go through ringOut
     bool doorbellOwed = false;  // a doorbell waits for this side's move (the socket still has frames)
     int callerReaders = 0;      // threads reading this socket themselves: the loop leaves it alone
+    // Once the last of them leaves the socket drained, the loop goes on leaving it alone for a
+    // while (kCallerLinger): the next op's messages are usually read by a waiting thread too. Ended
+    // at once by a wait for what no thread will read itself (or for a send), else by the loop once
+    // no thread has read the socket for that long.
+    bool lingering = false;
+    std::atomic<int64_t> lastCallerRead{0};  // steady clock, ns; set when a linger starts
+    int loopReaders = 0;  // threads waiting for a receive from this peer that the loop reads
     // Receive side, touched with recvMutex held only (handleInput): by the loop thread, or by a
     // thread waiting for a message from this peer. target/request are also read under matchMutex_;
     // request is taken (failPeer, abort) with both held, so no reader is writing into its buffer.
@@ -153,8 +161,24 @@ class TcpTransport final : public Transport {
   // early, leaving the rest to the loop, if the peer moves to a ring or the transport stops.
   void readOnCallingThread(Peer& peer, Request& request, Clock::time_point deadline);
   // Counts a thread reading `peer`'s socket itself; while any does, the loop does not watch it for
-  // input (a wake-up of the loop per message is what reading on the caller saves).
-  void setCallerReading(Peer& peer, bool reading);
+  // input (a wake-up of the loop per message is what reading on the caller saves). The last one to
+  // stop may leave it lingering out of the loop's sight (Peer::lingering).
+  void setCallerReading(Peer& peer, bool reading, bool linger = false);
+  // Counts a thread waiting for a receive from `peer` (or any, kAnyPeer) that the loop reads: ends
+  // any linger, and none starts until it is done.
+  void setLoopReading(int peer, bool reading);
+  void setLoopReading(Peer& peer, bool reading);
+  // Waits for a request that the loop moves, counted by setLoopReading as a reader of `peer` (or of
+  // every peer, kAnyPeer).
+  void waitForLoop(Request& request, int peer, Clock::time_point deadline, const std::string& context);
+  // Ends a linger at once (a posted receive may complete with no thread waiting for it).
+  void watchForInput(int peer);
+  // Whether the loop watches the peer's socket for input. Called with peer.sendMutex held.
+  static bool loopWatchesInput(const Peer& peer) { return peer.callerReaders == 0 && !peer.lingering; }
+  // Whether a point-to-point receive from `peer` or from any peer is posted.
+  bool p2pReceivePosted(int peer);
+  // On the loop thread: gives the loop back the sockets no thread has read for kCallerLinger.
+  void endIdleLingers();
   // Called inside handleInput. True when it stopped early because something completed: call again.
   bool handleReadable(Peer& peer);
   bool readSome(Peer& peer);  // false once the socket would block or failed
@@ -215,7 +239,9 @@ class TcpTransport final : public Transport {
   Socket listener_;
   std::vector<std::unique_ptr<Peer>> peers_;
   Socket epoll_;
-  Socket wakeup_;  // eventfd: stops the loop
+  Socket wakeup_;  // eventfd: stops the loop, or makes it start taking lingers back
+  std::atomic<bool> loopTimed_{false};  // some socket may linger: the loop wakes now and then
+  int64_t nextLingerScan_ = 0;          // loop thread only
 
   std::mutex matchMutex_;
   std::map<CollectiveKey, PostedCollective> postedCollective_;
