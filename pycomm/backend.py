@@ -91,6 +91,7 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         "compression": options.compression,
         "chunk_bytes": options.chunk_bytes,
         "bucket_bytes": options.bucket_bytes,
+        "tcp_linger_ms": options.tcp_linger_ms,
         "debug": options.debug,
         "cost_model": load_cost_model(),
     }

@@ -14,6 +14,7 @@ COMPRESSIONS = ("none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 DEFAULT_CHUNK_BYTES = 512 * 1024
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+DEFAULT_TCP_LINGER_MS = 10
 
 # field -> environment variable read when the field is left as None
 ENVIRONMENT = {
@@ -24,6 +25,7 @@ ENVIRONMENT = {
     "socket_ifname": "PYCOMM_SOCKET_IFNAME",
     "chunk_bytes": "PYCOMM_CHUNK_BYTES",
     "bucket_bytes": "PYCOMM_BUCKET_BYTES",
+    "tcp_linger_ms": "PYCOMM_TCP_LINGER_MS",
     "debug": "PYCOMM_DEBUG",
 }
 
@@ -68,6 +70,9 @@ class Options:
     # CUDA tensors: auto (NCCL point-to-point when every rank has a GPU of its own and NCCL loads,
     # else staged through host memory), nccl (NCCL or an error), staged
     cuda_transport: str | None = None
+    # How long a TCP socket that a waiting thread drained stays with the waiting threads before the
+    # event loop watches it again (docs/ALGORITHMS.md); 0 hands it back at once
+    tcp_linger_ms: int | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -87,6 +92,13 @@ class Options:
             self.chunk_bytes = _positive_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES)
         if self.bucket_bytes is not None:
             self.bucket_bytes = _positive_int("bucket_bytes", self.bucket_bytes, 1)
+        if self.tcp_linger_ms is not None:
+            try:
+                self.tcp_linger_ms = int(self.tcp_linger_ms)
+            except (TypeError, ValueError):
+                raise ValueError(f"pycomm: tcp_linger_ms must be an integer, got {self.tcp_linger_ms!r}") from None
+            if not 0 <= self.tcp_linger_ms <= 3_600_000:
+                raise ValueError(f"pycomm: tcp_linger_ms must be 0 to 3600000 ms, got {self.tcp_linger_ms}")
         if self.timeout is not None and not isinstance(self.timeout, (datetime.timedelta, int, float)):
             raise ValueError(f"pycomm: timeout must be a timedelta or seconds, got {self.timeout!r}")
 
@@ -103,6 +115,8 @@ class Options:
         values["chunk_bytes"] = values["chunk_bytes"] or DEFAULT_CHUNK_BYTES
         values["bucket_bytes"] = values["bucket_bytes"] or DEFAULT_BUCKET_BYTES
         values["debug"] = values["debug"] or "WARN"
+        if values["tcp_linger_ms"] is None:
+            values["tcp_linger_ms"] = DEFAULT_TCP_LINGER_MS
         try:
             return Options(**values)
         except ValueError as error:

@@ -223,3 +223,19 @@ def test_unknown_option_value(
     assert not missing, (
         f"ValueError for {field}='bogus' does not list {missing}: {message!r}"
     )
+
+
+@pytest.mark.parametrize("value", [-1, "ten", 3_600_001])
+def test_bad_tcp_linger(pycomm: ModuleType, value: object) -> None:
+    with pytest.raises(ValueError, match="tcp_linger_ms"):
+        pycomm.Options(tcp_linger_ms=value)
+
+
+def test_tcp_linger_from_the_environment(pycomm: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYCOMM_TCP_LINGER_MS", "0")
+    assert pycomm.Options().resolved().tcp_linger_ms == 0  # 0 is a value, not "unset"
+    monkeypatch.delenv("PYCOMM_TCP_LINGER_MS")
+    assert pycomm.Options().resolved().tcp_linger_ms == 10
+    monkeypatch.setenv("PYCOMM_TCP_LINGER_MS", "-5")
+    with pytest.raises(ValueError, match="PYCOMM_"):
+        pycomm.Options().resolved()

@@ -161,10 +161,12 @@ def test_a_callback_may_take_a_lock_the_reading_thread_holds(pycomm: Any) -> Non
 
 
 LINGER_OPS = 400
+# Longer than any test here runs: what must end a linger at once cannot rely on it running out.
+LONG_LINGER_MS = 600_000
 
 
 def _steady_small_ops(rank: int, world: int) -> tuple[list[str], int, dict[str, int]]:
-    """Back-to-back short all-reduces, then a point-to-point receive that nobody waits for."""
+    """Back-to-back short all-reduces (counted), then a point-to-point receive nobody waits for."""
     import pycomm
 
     f = Failures(rank)
@@ -185,13 +187,14 @@ def _steady_small_ops(rank: int, world: int) -> tuple[list[str], int, dict[str, 
         total_after, waiter_after = _received()
         total += total_after - total_before
         by_waiter += waiter_after - waiter_before
-    # Rank 1's message comes while rank 0's socket to it lingers, and rank 0 only polls: the posted
-    # receive must bring the loop back, whatever the linger.
+    # Rank 0's socket to rank 1 lingers after the ops; rank 0 posts a receive and only polls it, and
+    # the ranks line up through gloo, which reads no pycomm socket: posting must end the linger.
     message = input_for(1500, 1, (257,), torch.int64, None)
+    side = dist.new_group(backend="gloo")
     if rank == 0:
         got = torch.full((257,), -1, dtype=torch.int64)
         work = dist.irecv(got, 1, tag=5)
-        dist.all_reduce(torch.zeros(1))  # rank 1 sends after this
+        dist.barrier(group=side)  # rank 1 sends after this
         give_up = time.monotonic() + 30
         while not work.is_completed() and time.monotonic() < give_up:
             time.sleep(0.001)
@@ -199,7 +202,7 @@ def _steady_small_ops(rank: int, world: int) -> tuple[list[str], int, dict[str, 
         work.wait()
         f.check("polled receive payload", check_equal(got, message))
     else:
-        dist.all_reduce(torch.zeros(1))
+        dist.barrier(group=side)
         if rank == 1:
             dist.send(message, 0, tag=5)
     failures, checks = f.result()
@@ -210,14 +213,13 @@ def _steady_small_ops(rank: int, world: int) -> tuple[list[str], int, dict[str, 
 @pytest.mark.parametrize("world", [2, 3])
 def test_waiters_read_the_next_ops_messages_too(pycomm: Any, world: int) -> None:
     results = run_ranks(_steady_small_ops, world, backend="pycomm", timeout_s=TIMEOUT_S,
-                        pg_options=pycomm.Options(transport="tcp"))
+                        pg_options=pycomm.Options(transport="tcp", tcp_linger_ms=LONG_LINGER_MS))
     assert_no_failures([(failures, checks) for failures, checks, _ in results])
     for rank, (_, _, got) in enumerate(results):
         # A socket a waiter drained stays with the waiters between ops, so in a steady stream of ops
-        # the loop reads almost nothing; it would read about half if it took every socket back at
-        # once (the next op's first message usually arrives before its waiter). A descheduled rank
-        # can let a linger run out now and then, hence not all.
-        assert got["by_waiter"] >= 0.9 * got["total"] > 0, (rank, got)
+        # the loop reads almost nothing; it read about half (54% at world 2) when it took every
+        # socket back at once, as the next op's first message usually arrives before its waiter.
+        assert got["by_waiter"] >= 0.8 * got["total"] > 0, (rank, got)
 
 
 CYCLE_COUNT = 4 << 20  # int32, 16 MiB: more than the sockets buffer, so a send ends only once read
@@ -227,7 +229,10 @@ def _blocking_sends_in_a_cycle(rank: int, world: int) -> tuple[list[str], int]:
     """Short all-reduces leave the sockets with the waiters; then every rank sends to the next one
     before it receives from the previous one. Each send can end only once its receiver reads,
     while that receiver waits in its own send: a rank stuck in a send must still read."""
+    import pycomm
+
     f = Failures(rank)
+    pycomm.set_algorithm("ring")  # each rank's waiter reads the previous rank: the cycle's sockets
     for _ in range(20):
         dist.all_reduce(torch.ones(100))
     for k in range(2):
@@ -243,5 +248,8 @@ def _blocking_sends_in_a_cycle(rank: int, world: int) -> tuple[list[str], int]:
 
 @pytest.mark.usefixtures("pycomm")
 def test_blocking_sends_in_a_cycle_after_short_ops(pycomm: Any) -> None:
+    # With a linger that outlasts the group timeout, only the rule that a waiting send ends it saves
+    # this from the timeout.
     assert_no_failures(run_ranks(_blocking_sends_in_a_cycle, 3, backend="pycomm", timeout_s=TIMEOUT_S,
-                                 pg_options=pycomm.Options(transport="tcp"), pg_timeout_s=60))
+                                 pg_options=pycomm.Options(transport="tcp", tcp_linger_ms=LONG_LINGER_MS),
+                                 pg_timeout_s=60))

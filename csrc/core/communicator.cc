@@ -75,6 +75,7 @@ Communicator::Communicator(const Config& config, Store& store)
   options.size = config.size;
   options.bindHost = config.bindHost;
   options.timeout = config.timeout;
+  options.linger = config.tcpLinger;
   options.logger = logger_;
   auto tcp = std::make_unique<transport::tcp::TcpTransport>(options, store);
   tcp_ = tcp.get();

@@ -74,6 +74,8 @@ struct Config {
   CostModel costModel;
   // allreduce_coalesced fuses tensors into buckets of at most this many bytes (DDP's default).
   size_t bucketBytes = 25 * 1024 * 1024;
+  // How long a socket a waiting thread drained stays out of the TCP event loop's sight; 0: none.
+  std::chrono::milliseconds tcpLinger{10};
   // When set, fp32 all-reduce (SUM/AVG), reduce-scatter and all-gather travel compressed.
   std::optional<codecs::Codec> compression;
   LogLevel logLevel = LogLevel::kWarn;

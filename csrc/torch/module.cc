@@ -68,6 +68,7 @@ Config parseConfig(int rank, int size, const py::dict& config) {
                                                        {"staged", pycomm::DeviceTransport::kStaged}});
   c.hostId = required<std::string>(config, "host_id");
   c.bucketBytes = required<size_t>(config, "bucket_bytes");
+  c.tcpLinger = std::chrono::milliseconds(required<int64_t>(config, "tcp_linger_ms"));
   c.logLevel = parseLogLevel(required<std::string>(config, "debug"));
   const auto compression = required<std::string>(config, "compression");
   if (compression != "none") {

@@ -29,12 +29,6 @@ constexpr size_t kCallerReadMaxBytes = 64 * 1024;
 constexpr int kCallerReadSpins = 200;
 // Reads (a header or a piece of a payload each) a waiter goes on with once its own frame is in.
 constexpr int kCallerReadsPastOwnFrame = 16;
-// How long a socket a waiting thread drained stays out of the loop's sight once that thread is done
-// (TcpTransport::Peer::lingering): the next op's message is usually read by a waiting thread too,
-// and a wake-up of the loop for it costs more than the message. It is also how often the loop wakes
-// while sockets linger: at world 4 over loopback 10 ms was faster than 2 ms (docs/ALGORITHMS.md).
-constexpr std::chrono::milliseconds kCallerLinger{10};
-
 int64_t steadyNanoseconds() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
@@ -108,6 +102,7 @@ TcpTransport::TcpTransport(const TcpOptions& options, Store& store)
     : rank_(options.rank),
       size_(options.size),
       timeout_(options.timeout),
+      linger_(options.linger),
       logger_(options.logger) {
   peers_.resize(size_);
   epoll_ = Socket(epoll_create1(EPOLL_CLOEXEC));
@@ -230,7 +225,7 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
     }
   }
   // A point-to-point receive may complete with no thread waiting for it (a callback, polling).
-  if (postedForLoop) watchForInput(peer);
+  if (postedForLoop) endLinger(peer);
   finish(completions);
   return request;
 }
@@ -533,9 +528,10 @@ void TcpTransport::loop() {
   epoll_event events[64];
   while (!stopping_.load()) {
     // While sockets linger out of sight the loop wakes now and then to take back idle ones.
+    const bool loopTimed = loopTimed_.load();
     int n = epoll_wait(epoll_.fd(), events, 64,
-                       loopTimed_.load() ? static_cast<int>(kCallerLinger.count()) : -1);
-    if (loopTimed_.load()) endIdleLingers();
+                       loopTimed ? static_cast<int>(std::max<int64_t>(1, linger_.count())) : -1);
+    if (loopTimed) endIdleLingers();
     if (n < 0) {
       if (errno == EINTR) continue;
       logger_.warn(strCat(context(), " event loop stopped: epoll_wait: ", std::strerror(errno)));
@@ -568,7 +564,7 @@ void TcpTransport::wait(const std::shared_ptr<Request>& request, Clock::time_poi
     request->wait(deadline, context);  // throws what it failed with
   } else if (request->direction() == Request::Direction::kSend) {
     // A send that waits is one the peer is not draining, perhaps because it is stuck in a send of its
-    // own to a rank that waits like this one: no linger here may keep this rank from reading.
+    // own to a rank that waits like this one. A linger here would hold both until it ran out.
     waitForLoop(*request, kAnyPeer, deadline, context);
   } else if (request->peer() != kAnyPeer && request->capacity() <= kCallerReadMaxBytes && !onLoopThread) {
     readOnCallingThread(*peers_[request->peer()], *request, deadline);
@@ -593,7 +589,7 @@ void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time
   // this thread has stopped reading the socket, so a callback may wait for anything from this peer
   // (a wait for what this thread would not read ends any linger).
   std::vector<Completion> found;
-  bool drained = false;  // the last read found the socket empty: nothing is left for the loop
+  bool drained = false;  // the last read found the socket empty at a frame boundary
   // Reads what the socket holds up to this request's frame, and then a few short frames that are
   // already there (the next steps of the same op, often): never a long payload past its own frame,
   // which is the loop's, and never an endless stream. False if the loop must take over (rings,
@@ -616,7 +612,7 @@ void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time
               if (longPayloadNext || ++readsPast > kCallerReadsPastOwnFrame) break;
             }
             if (!readSome(peer)) {
-              drained = true;
+              drained = peer.headerGot == 0;  // nothing half read, which the loop would have to finish
               break;
             }
           }
@@ -627,15 +623,18 @@ void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time
   int fd = -1;
   bool reading = readNow(fd);
   finish(found);
-  if (!reading) {
-    watchForInput(peer.rank);  // a ring's doorbells, or a closed socket, are the loop's
-  } else if (request.done() && drained) {
-    peer.lastCallerRead.store(steadyNanoseconds(), std::memory_order_relaxed);  // a linger goes on
+  if (reading && request.done()) {
+    if (drained) {
+      peer.lastCallerRead.store(steadyNanoseconds(), std::memory_order_relaxed);  // a linger goes on
+    } else {
+      endLinger(peer);  // what this thread left in the socket is the loop's
+    }
   }
   // Another thread completing the request (a peer's failure report, an abort) writes to this;
   // made only once a wait is about to sleep, and owned by this wait alone.
   Socket wake;
-  // Rounds: take the socket from the loop, read until something completes, hand it back, complete.
+  // Rounds: take the socket from the loop, read until something completes, hand it back or let it
+  // linger, complete.
   while (reading && !request.done()) {
     {
       setCallerReading(peer, true);
@@ -859,6 +858,7 @@ void TcpTransport::onHeader(Peer& peer) {
     }
     peer.headerGot = 0;
     peer.readViaRing = true;
+    endLinger(peer);  // doorbells and the peer's leaving arrive on the socket, for the loop
     return;
   }
   std::vector<Completion> completions;
@@ -1086,7 +1086,8 @@ void TcpTransport::setCallerReading(Peer& peer, bool reading, bool linger) {
     peer.callerReaders += reading ? 1 : -1;
     if (!reading && peer.callerReaders == 0) {
       // No linger while a receive from this peer is the loop's to read.
-      peer.lingering = linger && peer.loopReaders == 0 && !p2pReceivePosted(peer.rank);
+      peer.lingering =
+          linger && linger_.count() > 0 && peer.loopReaders == 0 && !receivePostedForLoop(peer.rank);
       if (peer.lingering) {
         peer.lastCallerRead.store(steadyNanoseconds(), std::memory_order_relaxed);
         wakeLoop = !loopTimed_.exchange(true);  // a loop asleep for good must start taking lingers back
@@ -1101,10 +1102,18 @@ void TcpTransport::setCallerReading(Peer& peer, bool reading, bool linger) {
   }
 }
 
-bool TcpTransport::p2pReceivePosted(int peer) {
+bool TcpTransport::receivePostedForLoop(int peer) {
   std::lock_guard<std::mutex> lock(matchMutex_);
-  return std::any_of(postedP2P_.begin(), postedP2P_.end(),
-                     [&](const PostedP2P& posted) { return posted.peer == peer || posted.peer == kAnyPeer; });
+  if (std::any_of(postedP2P_.begin(), postedP2P_.end(),
+                  [&](const PostedP2P& posted) { return posted.peer == peer || posted.peer == kAnyPeer; })) {
+    return true;
+  }
+  // The next chunks of a pipelined op, which the loop receives while the op reduces this one.
+  for (auto it = postedCollective_.lower_bound(CollectiveKey{peer, 0, 0});
+       it != postedCollective_.end() && std::get<0>(it->first) == peer; ++it) {
+    if (it->second.request->capacity() > kCallerReadMaxBytes) return true;
+  }
+  return false;
 }
 
 void TcpTransport::setLoopReading(int peer, bool reading) {
@@ -1125,15 +1134,27 @@ void TcpTransport::setLoopReading(Peer& peer, bool reading) {
   if (watched != loopWatchesInput(peer) && !stopping_.load()) (void)watchLocked(peer, peer.pollingWrite);
 }
 
-void TcpTransport::watchForInput(int peer) {
-  setLoopReading(peer, true);
-  setLoopReading(peer, false);
+void TcpTransport::endLinger(int peer) {
+  if (peer != kAnyPeer) {
+    endLinger(*peers_[peer]);
+    return;
+  }
+  for (auto& p : peers_) {
+    if (p) endLinger(*p);
+  }
+}
+
+void TcpTransport::endLinger(Peer& peer) {
+  std::lock_guard<std::mutex> lock(peer.sendMutex);
+  if (!peer.lingering) return;
+  peer.lingering = false;
+  if (loopWatchesInput(peer) && !stopping_.load()) (void)watchLocked(peer, peer.pollingWrite);
 }
 
 void TcpTransport::endIdleLingers() {
   const int64_t now = steadyNanoseconds();
   if (now < nextLingerScan_) return;
-  const int64_t linger = std::chrono::nanoseconds(kCallerLinger).count();
+  const int64_t linger = std::chrono::nanoseconds(linger_).count();
   nextLingerScan_ = now + linger;
   // Cleared first: a thread that starts a linger after this sees it clear and wakes the loop; one
   // that started before is seen below.

@@ -32,6 +32,9 @@ struct TcpOptions {
   int size = 1;
   std::string bindHost = "127.0.0.1";
   std::chrono::milliseconds timeout{300000};
+  // How long a socket a waiting thread drained stays out of the loop's sight (Peer::lingering) and
+  // how often the loop wakes while one does; 0 hands it back at once.
+  std::chrono::milliseconds linger{10};
   Logger logger;
 };
 
@@ -99,12 +102,13 @@ class TcpTransport final : public Transport {
     bool writeViaRing = false;  // the move frame went out: later frames go through ringOut
     bool doorbellOwed = false;  // a doorbell waits for this side's move (the socket still has frames)
     int callerReaders = 0;      // threads reading this socket themselves: the loop leaves it alone
-    // Once the last of them leaves the socket drained, the loop goes on leaving it alone for a
-    // while (kCallerLinger): the next op's messages are usually read by a waiting thread too. Ended
-    // at once by a wait for what no thread will read itself (or for a send), else by the loop once
-    // no thread has read the socket for that long.
+    // Once the last of them leaves the socket drained at a frame boundary, the loop goes on leaving
+    // it alone for a while (TcpOptions::linger): the next op's messages are usually read by a
+    // waiting thread too. Ended at once by a wait for what no thread will read itself (or for a
+    // send), a posted receive the loop is to read, or the move to a ring; else by the loop once no
+    // thread has read the socket for that long.
     bool lingering = false;
-    std::atomic<int64_t> lastCallerRead{0};  // steady clock, ns; set when a linger starts
+    std::atomic<int64_t> lastCallerRead{0};  // steady clock, ns; when a waiter last left it drained
     int loopReaders = 0;  // threads waiting for a receive from this peer that the loop reads
     // Receive side, touched with recvMutex held only (handleInput): by the loop thread, or by a
     // thread waiting for a message from this peer. target/request are also read under matchMutex_;
@@ -172,12 +176,14 @@ class TcpTransport final : public Transport {
   // every peer, kAnyPeer).
   void waitForLoop(Request& request, int peer, Clock::time_point deadline, const std::string& context);
   // Ends a linger at once (a posted receive may complete with no thread waiting for it).
-  void watchForInput(int peer);
+  void endLinger(int peer);
+  void endLinger(Peer& peer);
   // Whether the loop watches the peer's socket for input. Called with peer.sendMutex held.
   static bool loopWatchesInput(const Peer& peer) { return peer.callerReaders == 0 && !peer.lingering; }
-  // Whether a point-to-point receive from `peer` or from any peer is posted.
-  bool p2pReceivePosted(int peer);
-  // On the loop thread: gives the loop back the sockets no thread has read for kCallerLinger.
+  // Whether a receive from `peer` that the loop is to read is posted: a point-to-point one (from it
+  // or from any peer), or a collective one longer than a waiter reads.
+  bool receivePostedForLoop(int peer);
+  // On the loop thread: gives the loop back the sockets no thread has read for the linger.
   void endIdleLingers();
   // Called inside handleInput. True when it stopped early because something completed: call again.
   bool handleReadable(Peer& peer);
@@ -195,8 +201,9 @@ class TcpTransport final : public Transport {
   // Requests whose frames were fully written are appended to `done`; returns 0 or an errno.
   int flushLocked(Peer& peer, std::vector<std::shared_ptr<Request>>& done);
   void setPollWrite(Peer& peer, bool enable);
-  // Tells epoll what to watch on the peer's socket: input unless a caller reads it, output if
-  // `pollWrite`. Called with peer.sendMutex held; false if epoll refused (the peer has failed).
+  // Tells epoll what to watch on the peer's socket: input unless a caller reads it or it lingers,
+  // output if `pollWrite`. Called with peer.sendMutex held; false if epoll refused (the peer has
+  // failed).
   bool watchLocked(Peer& peer, bool pollWrite);
   // One byte on the socket: the peer may be asleep in epoll while its ring has data or space.
   // Called with peer.sendMutex held.
@@ -234,6 +241,7 @@ class TcpTransport final : public Transport {
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
+  const std::chrono::milliseconds linger_;
   const Logger logger_;
 
   Socket listener_;
