@@ -168,8 +168,8 @@ class TcpTransport final : public Transport {
   // input (a wake-up of the loop per message is what reading on the caller saves). The last one to
   // stop may leave it lingering out of the loop's sight (Peer::lingering).
   void setCallerReading(Peer& peer, bool reading, bool linger = false);
-  // Counts a thread waiting for a receive from `peer` (or any, kAnyPeer) that the loop reads: ends
-  // any linger, and none starts until it is done.
+  // Counts a thread waiting for what the loop moves: a receive from `peer` that no waiter reads, or
+  // (with kAnyPeer, every peer) a send. Ends any linger there, and none starts until it is done.
   void setLoopReading(int peer, bool reading);
   void setLoopReading(Peer& peer, bool reading);
   // Waits for a request that the loop moves, counted by setLoopReading as a reader of `peer` (or of
