@@ -375,8 +375,7 @@ void TcpTransport::abort(const std::string& reason) {
   }
   auto error = remoteError(strCat(context(), " communicator aborted: ", reason));
   stopping_.store(true);
-  uint64_t one = 1;
-  (void)!::write(wakeup_.fd(), &one, sizeof one);
+  wakeLoop();
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
   // The loop has stopped; a thread reading a socket itself stops at its next read (stopping_).
   // Fail whatever waits.
@@ -1079,7 +1078,7 @@ bool TcpTransport::watchLocked(Peer& peer, bool pollWrite) {
 }
 
 void TcpTransport::setCallerReading(Peer& peer, bool reading, bool linger) {
-  bool wakeLoop = false;
+  bool loopMustWake = false;
   {
     std::lock_guard<std::mutex> lock(peer.sendMutex);
     const bool watched = loopWatchesInput(peer);
@@ -1090,16 +1089,18 @@ void TcpTransport::setCallerReading(Peer& peer, bool reading, bool linger) {
           linger && linger_.count() > 0 && peer.loopReaders == 0 && !receivePostedForLoop(peer.rank);
       if (peer.lingering) {
         peer.lastCallerRead.store(steadyNanoseconds(), std::memory_order_relaxed);
-        wakeLoop = !loopTimed_.exchange(true);  // a loop asleep for good must start taking lingers back
+        loopMustWake = !loopTimed_.exchange(true);  // a loop asleep for good must start taking lingers back
       }
     }
     // A failed peer is no longer watched at all, and epoll says so; nothing is lost.
     if (watched != loopWatchesInput(peer) && !stopping_.load()) (void)watchLocked(peer, peer.pollingWrite);
   }
-  if (wakeLoop) {
-    const uint64_t one = 1;
-    (void)!::write(wakeup_.fd(), &one, sizeof one);
-  }
+  if (loopMustWake) wakeLoop();
+}
+
+void TcpTransport::wakeLoop() {
+  const uint64_t one = 1;
+  (void)!::write(wakeup_.fd(), &one, sizeof one);
 }
 
 bool TcpTransport::receivePostedForLoop(int peer) {
@@ -1117,13 +1118,7 @@ bool TcpTransport::receivePostedForLoop(int peer) {
 }
 
 void TcpTransport::setLoopReading(int peer, bool reading) {
-  if (peer == kAnyPeer) {
-    for (auto& p : peers_) {
-      if (p) setLoopReading(*p, reading);
-    }
-  } else {
-    setLoopReading(*peers_[peer], reading);
-  }
+  forPeers(peer, [&](Peer& p) { setLoopReading(p, reading); });
 }
 
 void TcpTransport::setLoopReading(Peer& peer, bool reading) {
@@ -1135,13 +1130,7 @@ void TcpTransport::setLoopReading(Peer& peer, bool reading) {
 }
 
 void TcpTransport::endLinger(int peer) {
-  if (peer != kAnyPeer) {
-    endLinger(*peers_[peer]);
-    return;
-  }
-  for (auto& p : peers_) {
-    if (p) endLinger(*p);
-  }
+  forPeers(peer, [&](Peer& p) { endLinger(p); });
 }
 
 void TcpTransport::endLinger(Peer& peer) {

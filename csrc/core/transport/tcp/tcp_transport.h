@@ -185,6 +185,19 @@ class TcpTransport final : public Transport {
   bool receivePostedForLoop(int peer);
   // On the loop thread: gives the loop back the sockets no thread has read for the linger.
   void endIdleLingers();
+  // Calls `f` on `peer`'s Peer, or on every peer's for kAnyPeer.
+  template <typename F>
+  void forPeers(int peer, F&& f) {
+    if (peer != kAnyPeer) {
+      f(*peers_[peer]);
+      return;
+    }
+    for (auto& p : peers_) {
+      if (p) f(*p);
+    }
+  }
+  // Makes the loop's epoll_wait return (a stop, or a timeout to take up).
+  void wakeLoop();
   // Called inside handleInput. True when it stopped early because something completed: call again.
   bool handleReadable(Peer& peer);
   bool readSome(Peer& peer);  // false once the socket would block or failed
