@@ -54,8 +54,10 @@ def bind_address(options: Options, store: Any) -> str:
 
 def host_id() -> str:
     """Ranks with the same id share memory: same machine, same boot, same network namespace (two
-    namespaces on one machine are two hosts to us, as they are to the network). PYCOMM_HOST_ID
-    overrides it."""
+    namespaces on one machine are two hosts to us, as they are to the network), and what decides
+    whether memory can really be shared: the same IPC namespace and the same /dev/shm. Containers
+    on one host network (docker --network host, Kubernetes hostNetwork) share the first three but
+    usually not the last two. PYCOMM_HOST_ID overrides it."""
     explicit = os.environ.get("PYCOMM_HOST_ID")
     if explicit:
         return explicit
@@ -65,8 +67,14 @@ def host_id() -> str:
             parts.append(open(path).read().strip())
         except OSError:
             pass
+    for namespace in ("net", "ipc"):
+        try:
+            parts.append(os.readlink(f"/proc/self/ns/{namespace}"))
+        except OSError:
+            pass
     try:
-        parts.append(os.readlink("/proc/self/ns/net"))
+        shm = os.stat("/dev/shm")
+        parts.append(f"shm:{shm.st_dev}:{shm.st_ino}")
     except OSError:
         pass
     return "/".join(parts)
@@ -92,6 +100,7 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         "chunk_bytes": options.chunk_bytes,
         "bucket_bytes": options.bucket_bytes,
         "tcp_linger_ms": options.tcp_linger_ms,
+        "unexpected_bytes": options.unexpected_bytes,
         "debug": options.debug,
         "cost_model": load_cost_model(),
     }

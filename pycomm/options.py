@@ -15,6 +15,9 @@ DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 DEFAULT_CHUNK_BYTES = 512 * 1024
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 DEFAULT_TCP_LINGER_MS = 10
+# Frames a peer sent before this rank posted their receive, held per peer: enough for any program
+# that sends ahead by a few ops, far from what would exhaust a host's memory.
+DEFAULT_UNEXPECTED_BYTES = 1 << 30
 
 # field -> environment variable read when the field is left as None
 ENVIRONMENT = {
@@ -26,6 +29,7 @@ ENVIRONMENT = {
     "chunk_bytes": "PYCOMM_CHUNK_BYTES",
     "bucket_bytes": "PYCOMM_BUCKET_BYTES",
     "tcp_linger_ms": "PYCOMM_TCP_LINGER_MS",
+    "unexpected_bytes": "PYCOMM_UNEXPECTED_BYTES",
     "debug": "PYCOMM_DEBUG",
 }
 
@@ -36,6 +40,9 @@ def _choice(name: str, value: str, valid: tuple[str, ...]) -> str:
         raise ValueError(f"pycomm: unknown {name} {value!r}; valid values: {', '.join(valid)}")
     return normalized
 
+
+# The core takes longer timeouts as this one (csrc/core/communicator.h, kMaxTimeout).
+MAX_TIMEOUT_MS = 10 * 365 * 24 * 3600 * 1000
 
 # Below this a chunk costs more in per-frame overhead (~8 us) than it saves in overlap.
 MIN_CHUNK_BYTES = 4096
@@ -73,6 +80,9 @@ class Options:
     # How long a TCP socket that a waiting thread drained stays with the waiting threads before the
     # event loop watches it again (docs/ALGORITHMS.md); 0 hands it back at once
     tcp_linger_ms: int | None = None
+    # Bytes of messages that arrive before their receive is posted that a rank holds per peer; a
+    # peer that sends more is failed with an error that says so
+    unexpected_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -92,6 +102,10 @@ class Options:
             self.chunk_bytes = _positive_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES)
         if self.bucket_bytes is not None:
             self.bucket_bytes = _positive_int("bucket_bytes", self.bucket_bytes, 1)
+        if self.unexpected_bytes is not None:
+            self.unexpected_bytes = _positive_int("unexpected_bytes", self.unexpected_bytes, MIN_CHUNK_BYTES)
+            if self.unexpected_bytes >= 1 << 63:
+                raise ValueError(f"pycomm: unexpected_bytes must be below 2**63, got {self.unexpected_bytes}")
         if self.tcp_linger_ms is not None:
             try:
                 self.tcp_linger_ms = int(self.tcp_linger_ms)
@@ -101,6 +115,10 @@ class Options:
                 raise ValueError(f"pycomm: tcp_linger_ms must be 0 to 3600000 ms, got {self.tcp_linger_ms}")
         if self.timeout is not None and not isinstance(self.timeout, (datetime.timedelta, int, float)):
             raise ValueError(f"pycomm: timeout must be a timedelta or seconds, got {self.timeout!r}")
+        if self.timeout is not None:
+            seconds = self.timeout.total_seconds() if isinstance(self.timeout, datetime.timedelta) else self.timeout
+            if not seconds > 0:
+                raise ValueError(f"pycomm: timeout must be positive, got {self.timeout!r}")
 
     def resolved(self) -> Options:
         """A copy with every unset field taken from the environment or the default."""
@@ -115,6 +133,7 @@ class Options:
         values["chunk_bytes"] = values["chunk_bytes"] or DEFAULT_CHUNK_BYTES
         values["bucket_bytes"] = values["bucket_bytes"] or DEFAULT_BUCKET_BYTES
         values["debug"] = values["debug"] or "WARN"
+        values["unexpected_bytes"] = values["unexpected_bytes"] or DEFAULT_UNEXPECTED_BYTES
         if values["tcp_linger_ms"] is None:
             values["tcp_linger_ms"] = DEFAULT_TCP_LINGER_MS
         try:
@@ -125,4 +144,10 @@ class Options:
     def timeout_ms(self, default: datetime.timedelta) -> int:
         timeout = self.timeout if self.timeout is not None else default
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        # torch wraps timedelta.max around into a negative timedelta before the backend sees it
+        # (new_group(timeout=timedelta.max) arrives as days=-67519912): a timeout that is not
+        # positive can only be that, so it means "as long as possible", as does anything past the
+        # core's limit (about 10 years, where steady-clock deadlines would overflow).
+        if not seconds > 0 or seconds * 1000 >= MAX_TIMEOUT_MS:
+            return MAX_TIMEOUT_MS
         return max(1, int(seconds * 1000))

@@ -13,6 +13,7 @@
 #include "algorithms/rhd.h"
 #include "algorithms/ring.h"
 #include "algorithms/tree.h"
+#include "checked.h"
 #include "error.h"
 #include "transport/subset_transport.h"
 #include "transport/tcp/tcp_transport.h"
@@ -55,17 +56,22 @@ OpSignature makeSignature(OpKind kind, DataType dtype, ReduceOp op, int root, si
 
 size_t alignUp(size_t n) { return (n + 63) & ~size_t{63}; }
 
+Config withClampedTimeout(Config config) {
+  config.timeout = clampTimeout(config.timeout);
+  return config;
+}
+
 // Below this, broadcast and reduce use binomial trees (latency bound); above, pipelined chain/ring.
 constexpr size_t kShortMessageBytes = 64 * 1024;
 
 }  // namespace
 
 Communicator::Communicator(const Config& config, Store& store)
-    : config_(config),
+    : config_(withClampedTimeout(config)),
       prefix_(strCat("[rank ", config.rank, "/", config.size, "]")),
       logger_(config.logLevel, strCat("[rank ", config.rank, "/", config.size, " group ",
                                       config.groupName.empty() ? "default" : config.groupName, "]")),
-      timeoutMs_(config.timeout.count()) {
+      timeoutMs_(config_.timeout.count()) {
   PYCOMM_CHECK(config.size >= 1 && config.rank >= 0 && config.rank < config.size, InvalidUsageError,
                "invalid rank ", config.rank, " for a group of ", config.size);
   PYCOMM_CHECK(config.chunkBytes >= 64, InvalidUsageError, "chunk_bytes must be at least 64, got ",
@@ -74,19 +80,39 @@ Communicator::Communicator(const Config& config, Store& store)
   options.rank = config.rank;
   options.size = config.size;
   options.bindHost = config.bindHost;
-  options.timeout = config.timeout;
+  options.timeout = config_.timeout;
   options.linger = config.tcpLinger;
+  options.unexpectedBytes = config.unexpectedBytes;
   options.logger = logger_;
   auto tcp = std::make_unique<transport::tcp::TcpTransport>(options, store);
   tcp_ = tcp.get();
   transport_ = std::move(tcp);
   if (config.transport != TransportKind::kTcp && config.size > 1) setupSharedMemory(store);
-  worker_ = std::thread([this] { workerLoop(); });
+  tasks_ = TaskQueue::start(prefix_, "collective", logger_);
+  completions_ = TaskQueue::start(prefix_, "point-to-point completion", logger_);
   logger_.log(LogLevel::kInfo, strCat("connected over ", transport_->name(), ", listening on ",
                                       config.bindHost, ", chunk ", config.chunkBytes, " B"));
 }
 
-Communicator::~Communicator() { shutdown(); }
+Communicator::~Communicator() {
+  shutdown();
+  // Completions of requests the abort failed are still queued: they wake their waiters first.
+  completions_->stop();
+}
+
+std::chrono::milliseconds clampTimeout(std::chrono::milliseconds timeout) {
+  return std::max(std::chrono::milliseconds(1), std::min(timeout, kMaxTimeout));
+}
+
+void Communicator::setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(clampTimeout(timeout).count()); }
+
+void Communicator::rejectCollective(const std::string& message) {
+  // No beginOp: frames the peers already sent for this op must not turn this rank's report into
+  // a mismatch message, since the reason is the input, which the peers should read.
+  const uint64_t seq = ++seq_;
+  transport_->reportFailure(seq, message);
+  transport_->retire(seq, false);
+}
 
 void Communicator::setupSharedMemory(Store& store) {
   const std::string mine = config_.hostId;
@@ -100,6 +126,11 @@ void Communicator::setupSharedMemory(Store& store) {
   auto segmentName = [&](int hostIndex) { return strCat("/pycomm-", tokenHex, "-", hostIndex); };
   try {
     formSharedMemoryGroups(store, segmentName);
+  } catch (const algorithms::SharedMemoryUnavailable& e) {
+    for (int hostIndex = 0; hostIndex < size(); ++hostIndex) transport::shm::Segment::unlinkName(segmentName(hostIndex));
+    PYCOMM_CHECK(config_.transport != TransportKind::kShm, InvalidUsageError, prefix(), " transport=shm: ", e.what());
+    shm_.reset();
+    hierarchy_.reset();
   } catch (...) {
     // A creator that died (store and all) after creating its segment leaves it to us; a rank that
     // failed before it knew its host index does not know which name is ours, so it removes them all.
@@ -153,8 +184,26 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
                        const std::vector<int>& groupMembers) {
     auto group = std::make_unique<algorithms::ShmGroup>(
         groupRank, groupSize, config_.shmSlotBytes, config_.shmRingBytes, segmentName(hostIndex),
-        [&] { store.set(key, {1}); },
-        [&] { store.get(key, timeout()); },
+        [&](bool created) { store.set(key, {static_cast<uint8_t>(created ? 1 : 0)}); },
+        [&] { return store.get(key, timeout()) == std::vector<uint8_t>{1}; },
+        [&](bool mappedHere, const std::string& why) {
+          // Every rank of the communicator, on every host, votes once: all go without shared
+          // memory if any lacks it, so the hosts keep one shape of all-reduce.
+          const std::string mine = mappedHere ? "1" : "0" + why;
+          store.set(strCat("pycomm/shm_mapped/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+          bool all = true;
+          for (int q = 0; q < size(); ++q) {
+            const auto vote = store.get(strCat("pycomm/shm_mapped/", q), timeout());
+            if (!vote.empty() && vote[0] == '1') continue;
+            if (all) {
+              logger_.log(LogLevel::kInfo, strCat("rank ", q, " has no shared memory with its host's ranks (",
+                                                  std::string(vote.begin() + std::min<size_t>(vote.size(), 1), vote.end()),
+                                                  "): the group runs over its connections"));
+            }
+            all = false;
+          }
+          return all;
+        },
         [&](const algorithms::ShmGroup& g) {
           for (int q = 0; q < groupSize; ++q) {
             if (q != groupRank) tcp_->attachRings(groupMembers[q], g.ring(groupRank, q), g.ring(q, groupRank), g.memory());
@@ -166,7 +215,8 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
                           Op sub(barrierOver, o.seq(), o.signature(), o.context(), o.deadline(), timeout());
                           algorithms::disseminationBarrier(sub);
                         });
-        });
+        },
+        groupMembers);
     for (int q = 0; q < groupSize; ++q) {
       if (q != groupRank) tcp_->moveToSharedMemory(groupMembers[q]);
     }
@@ -192,137 +242,64 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
 
 template <typename Body>
 bool Communicator::runShm(OpSignature signature, const char* algorithm, Body body) {
-  if (!shm_ || shmBroken_) return false;
-  try {
-    runCollective(signature, algorithm, [&](Op& o) {
-      algorithms::ShmWait wait{o.deadline(), o.context(),
-                               [this](int q) { return transport_->peerFailure(q); }};
+  if (!sharedMemoryFor(seq_.load() + 1)) return false;
+  runCollective(signature, algorithm, [&](Op& o) {
+    const algorithms::ShmWait wait = shmWait(o);
+    try {
       body(wait);
-    }, "shm");
-  } catch (const std::exception&) {
-    // The ranks may now disagree on the segment's state; later ops take the sockets.
-    shmBroken_ = true;
-    throw;
-  }
+    } catch (const std::exception&) {
+      // The ranks' steps may now disagree: the group leaves shared memory from the next op on,
+      // before anyone hears of this failure (op.fail reports it), so that a peer that hears it
+      // finds the group's decision made when it starts its next op.
+      shm_->abandon(o.seq() + 1);
+      shmBroken_ = true;
+      throw;
+    }
+  }, "shm", true);
   return true;
+}
+
+algorithms::ShmWait Communicator::shmWait(const Op& o) {
+  return algorithms::ShmWait{o.deadline(), o.context(), [this](int q) { return transport_->peerFailure(q); }, o.seq(),
+                             [this](uint64_t seq) { return transport_->peerReportedFailure(seq); }};
+}
+
+bool Communicator::sharedMemoryFor(uint64_t seq) {
+  if (!shm_ || shmBroken_) return false;
+  // Decided once per op: the adapter asks (allreducesInSharedMemory) before the op asks again.
+  if (shmDecidedFor_ != seq) {
+    shmDecidedFor_ = seq;
+    if (shm_->abandonedAt(seq)) {
+      shmBroken_ = true;
+      logger_.log(LogLevel::kInfo, strCat("op #", seq, " and later run over the connections: the group gave shared "
+                                          "memory up after a failure"));
+    }
+  }
+  return !shmBroken_;
 }
 
 // ---------------------------------------------------------------------------------------------
 // The worker
 
-namespace {
+void Communicator::enqueue(std::function<void()> task) { tasks_->enqueue(std::move(task)); }
 
-// The communicator whose task this thread is running, if any. A task's last act is to complete its
-// Work, whose future runs the callbacks attached to it on this thread; an op a callback issues (DDP's
-// PowerSGD hook issues one and waits for it) would queue behind the very task that waits for it.
-thread_local const Communicator* runningTaskOf = nullptr;
+void Communicator::runOrEnqueue(std::function<void()> task) { tasks_->runOrEnqueue(std::move(task)); }
 
-class RunningTask {
- public:
-  explicit RunningTask(const Communicator* comm) : previous_(std::exchange(runningTaskOf, comm)) {}
-  ~RunningTask() { runningTaskOf = previous_; }
-  RunningTask(const RunningTask&) = delete;
-  RunningTask& operator=(const RunningTask&) = delete;
+void Communicator::postCompletion(std::function<void()> completion) { completions_->post(std::move(completion)); }
 
- private:
-  const Communicator* previous_;
-};
-
-}  // namespace
-
-void Communicator::runTask(const std::function<void()>& task, const char* kind) {
-  try {
-    const RunningTask running(this);
-    task();
-  } catch (const std::exception& e) {
-    // Tasks report their errors through their Work; one escaping here is a bug worth seeing.
-    logger_.warn(strCat(kind, " task threw: ", e.what()));
-  }
-}
-
-bool Communicator::runIfNested(const std::function<void()>& task) {
-  if (runningTaskOf != this) return false;
-  // Issued from inside a task: run it now, right after the op whose completion is running this
-  // thread's callbacks, before the tasks queued behind it. Every rank runs it at the same point
-  // when the callback was attached right after its op was issued (see docs/ALGORITHMS.md).
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix(), " the process group was shut down");
-  }
-  runTask(task, "a nested");
-  return true;
-}
-
-void Communicator::enqueue(std::function<void()> task) {
-  if (runIfNested(task)) return;
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix(), " the process group was shut down");
-    queue_.push_back(std::move(task));
-  }
-  queueCv_.notify_one();
-}
-
-void Communicator::runOrEnqueue(std::function<void()> task) {
-  if (runIfNested(task)) return;
-  {
-    std::unique_lock<std::mutex> lock(queueMutex_);
-    PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix(), " the process group was shut down");
-    if (!queue_.empty() || running_) {
-      queue_.push_back(std::move(task));
-      lock.unlock();
-      queueCv_.notify_one();
-      return;
-    }
-    running_ = true;
-  }
-  runTask(task, "an inline");
-  bool queued;
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    running_ = false;
-    queued = !queue_.empty();
-  }
-  // Wake the worker only for tasks queued behind this one: an idle worker woken for nothing costs a
-  // context switch per op, a large share of a small op when ranks outnumber cores.
-  if (queued) queueCv_.notify_one();
-  idleCv_.notify_all();
-}
-
-void Communicator::workerLoop() {
-  while (true) {
-    std::function<void()> task;
-    {
-      std::unique_lock<std::mutex> lock(queueMutex_);
-      // A task running inline on a caller's thread holds the turn: wait for it.
-      queueCv_.wait(lock, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !running_); });
-      if (queue_.empty()) break;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = true;
-    }
-    runTask(task, "a queued");
-    {
-      std::lock_guard<std::mutex> lock(queueMutex_);
-      running_ = false;
-    }
-    idleCv_.notify_all();
-  }
-}
-
-bool Communicator::drain(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(queueMutex_);
-  return idleCv_.wait_for(lock, timeout, [&] { return queue_.empty() && !running_; });
-}
+bool Communicator::drain(std::chrono::milliseconds timeout) { return tasks_->drain(timeout); }
 
 void Communicator::shutdown() {
   {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    if (stopping_ && !worker_.joinable()) return;
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (shutDown_) return;
+    shutDown_ = true;
   }
-  // Ops already queued get a bounded grace to finish; a shutdown must not hang on a dead peer.
+  // Ops already queued get a bounded grace to finish; a shutdown must not hang on a dead peer. From
+  // inside a task (a completion callback) there is nothing to wait for: the tasks behind it cannot
+  // run before it returns.
   const auto grace = std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(30));
-  if (!drain(grace)) {
+  if (!tasks_->insideTask() && !drain(grace)) {
     logger_.warn("shutdown: ops still pending after the grace period; aborting them");
   }
   abort("the process group was shut down");
@@ -330,12 +307,7 @@ void Communicator::shutdown() {
 
 void Communicator::abort(const std::string& reason) {
   transport_->abort(reason);
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    stopping_ = true;
-  }
-  queueCv_.notify_all();
-  if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+  tasks_->stop();
 }
 
 uint8_t* Communicator::scratch(size_t bytes) {
@@ -345,7 +317,7 @@ uint8_t* Communicator::scratch(size_t bytes) {
 
 template <typename Body>
 void Communicator::runCollective(OpSignature signature, const char* algorithm, Body body,
-                                 const char* transportName) {
+                                 const char* transportName, bool viaShm) {
   const uint64_t seq = ++seq_;
   const auto start = Clock::now();
   if (transportName == nullptr) transportName = transport_->name();
@@ -357,6 +329,7 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   Op op(*transport_, seq, signature, std::move(context), start + timeout(), timeout());
   try {
     transport_->beginOp(seq, signature);
+    announce(op, viaShm);
     body(op);
     op.finish();
   } catch (const std::exception& e) {
@@ -376,6 +349,21 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
                        signature.count * elementSize(static_cast<DataType>(signature.dtype)), " B ",
                        algorithm, " ", transportName, " sent ", op.bytesSent(), " B ", us, " us"));
   }
+}
+
+void Communicator::announce(const Op& op, bool viaShm) {
+  algorithms::ShmGroup* group = shm_ && !shmBroken_ ? shm_.get() : hierarchy_ ? hierarchy_->local.get() : nullptr;
+  if (group == nullptr) return;
+  group->announce(op.seq(), op.signature());
+  if (viaShm) return;  // a step that waits compares the announcements then (shm_collectives.h)
+  std::string mismatch = group->conflict(op.seq(), op.signature(), op.context());
+  if (mismatch.empty()) return;
+  // The peer is in a step of this op in shared memory and fails it too: both leave it.
+  if (group == shm_.get()) {
+    group->abandon(op.seq() + 1);
+    shmBroken_ = true;
+  }
+  throw InvalidUsageError(mismatch);
 }
 
 void Communicator::record(const std::string& key, uint64_t sent, uint64_t received, double seconds) {
@@ -406,7 +394,7 @@ std::map<std::string, Communicator::OpStats> Communicator::stats() const {
 // Collectives
 
 bool Communicator::allreducePieces(const BufferList& pieces, DataType dtype, ReduceOp op) {
-  PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " allreduce: op ",
+  PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " allreduce: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
   const size_t count = pieces.bytes() / elementSize(dtype);
   const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
@@ -416,7 +404,7 @@ bool Communicator::allreducePieces(const BufferList& pieces, DataType dtype, Red
 }
 
 void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " allreduce: op ",
+  PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " allreduce: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
   const size_t esize = elementSize(dtype);
   const size_t nbytes = count * esize;
@@ -430,13 +418,17 @@ void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
     return;
   }
   if (hierarchy_ && !shmBroken_) {
-    try {
-      runCollective(signature, "hierarchical", [&](Op& o) { hierarchicalAllreduce(o, buf, count, dtype, op, algorithm); },
-                    "shm+tcp");
-    } catch (const std::exception&) {
-      shmBroken_ = true;
-      throw;
-    }
+    // Only a failure inside the op moves this host to the flat path (a failure a peer reported
+    // afterwards, of an op that completed here, leaves the steps in agreement). The other hosts
+    // cannot see this host's segment, so they do not follow: docs/RELIABILITY.md.
+    runCollective(signature, "hierarchical", [&](Op& o) {
+      try {
+        hierarchicalAllreduce(o, buf, count, dtype, op, algorithm);
+      } catch (const std::exception&) {
+        shmBroken_ = true;
+        throw;
+      }
+    }, "shm+tcp", true);
     return;
   }
   runCollective(signature, algorithmName(algorithm), [&](Op& o) {
@@ -460,7 +452,7 @@ void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
 }
 
 void Communicator::broadcast(void* data, size_t count, DataType dtype, int root) {
-  PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " broadcast: invalid root ", root);
+  PYCOMM_CHECK_OP(root >= 0 && root < size(), prefix(), " broadcast: invalid root ", root);
   const size_t nbytes = count * elementSize(dtype);
   // Short messages: log2 p hops of a binomial tree; long ones: the pipelined chain, at link speed.
   const bool shortMessage = nbytes <= kShortMessageBytes;
@@ -480,8 +472,8 @@ void Communicator::broadcast(void* data, size_t count, DataType dtype, int root)
 }
 
 void Communicator::reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) {
-  PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " reduce: invalid root ", root);
-  PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " reduce: op ",
+  PYCOMM_CHECK_OP(root >= 0 && root < size(), prefix(), " reduce: invalid root ", root);
+  PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " reduce: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
   const size_t esize = elementSize(dtype);
   const size_t bytes = count * esize;
@@ -538,7 +530,7 @@ void Communicator::allgather(const void* in, void* out, size_t count, DataType d
 }
 
 void Communicator::reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
-  PYCOMM_CHECK(supportsReduce(dtype, op), InvalidUsageError, prefix(), " reduce_scatter: op ",
+  PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " reduce_scatter: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
   const OpSignature signature = makeSignature(OpKind::kReduceScatter, dtype, op, -1, count);
   if (runShm(signature, "shm", [&](const algorithms::ShmWait& w) {
@@ -559,7 +551,7 @@ void Communicator::reduceScatter(const void* in, void* out, size_t count, DataTy
 }
 
 void Communicator::gather(const void* in, void* out, size_t count, DataType dtype, int root) {
-  PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " gather: invalid root ", root);
+  PYCOMM_CHECK_OP(root >= 0 && root < size(), prefix(), " gather: invalid root ", root);
   runCollective(makeSignature(OpKind::kGather, dtype, ReduceOp::kSum, root, count), "direct", [&](Op& o) {
     algorithms::directGather(o, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out),
                              count * elementSize(dtype), root);
@@ -567,7 +559,7 @@ void Communicator::gather(const void* in, void* out, size_t count, DataType dtyp
 }
 
 void Communicator::scatter(const void* in, void* out, size_t count, DataType dtype, int root) {
-  PYCOMM_CHECK(root >= 0 && root < size(), InvalidUsageError, prefix(), " scatter: invalid root ", root);
+  PYCOMM_CHECK_OP(root >= 0 && root < size(), prefix(), " scatter: invalid root ", root);
   runCollective(makeSignature(OpKind::kScatter, dtype, ReduceOp::kSum, root, count), "direct", [&](Op& o) {
     algorithms::directScatter(o, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out),
                               count * elementSize(dtype), root);
@@ -579,10 +571,10 @@ void Communicator::alltoall(const void* in, const std::vector<size_t>& sendCount
                             const std::vector<size_t>& recvCounts,
                             const std::vector<size_t>& recvOffsets, DataType dtype) {
   const size_t p = static_cast<size_t>(size());
-  PYCOMM_CHECK(sendCounts.size() == p && sendOffsets.size() == p && recvCounts.size() == p &&
-                   recvOffsets.size() == p,
-               InvalidUsageError, prefix(), " alltoall: expected ", p, " counts and offsets");
-  PYCOMM_CHECK(sendCounts[rank()] == recvCounts[rank()], InvalidUsageError, prefix(),
+  PYCOMM_CHECK_OP(sendCounts.size() == p && sendOffsets.size() == p && recvCounts.size() == p &&
+                      recvOffsets.size() == p,
+                  prefix(), " alltoall: expected ", p, " counts and offsets");
+  PYCOMM_CHECK_OP(sendCounts[rank()] == recvCounts[rank()], prefix(),
                " alltoall: this rank sends ", sendCounts[rank()], " elements to itself but expects ",
                recvCounts[rank()]);
   // Per-peer counts may legitimately differ, so the signature carries none; each frame's size is
@@ -591,7 +583,7 @@ void Communicator::alltoall(const void* in, const std::vector<size_t>& sendCount
     const size_t esize = elementSize(dtype);
     auto bytes = [&](const std::vector<size_t>& v) {
       std::vector<size_t> out(v.size());
-      for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] * esize;
+      for (size_t i = 0; i < v.size(); ++i) out[i] = checkedMul(v[i], esize, strCat(prefix(), " alltoall: bytes of block ", i));
       return out;
     };
     algorithms::directAlltoall(o, static_cast<const uint8_t*>(in), bytes(sendOffsets), bytes(sendCounts),
@@ -608,7 +600,7 @@ void Communicator::hierarchicalAllreduce(Op& o, uint8_t* data, size_t count, Dat
                                          Algorithm algorithm) {
   Hierarchy& h = *hierarchy_;
   const size_t esize = elementSize(dtype);
-  algorithms::ShmWait wait{o.deadline(), o.context(), [this](int q) { return transport_->peerFailure(q); }};
+  const algorithms::ShmWait wait = shmWait(o);
   const OpSignature local = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
   h.local->allreduce(data, count, dtype, op, local, wait);
   Segments slices(count, h.localSize);
@@ -702,13 +694,25 @@ std::shared_ptr<Request> Communicator::recv(void* data, size_t nbytes, int peer,
   return transport_->irecv(peer, info, data, nbytes);
 }
 
-void Communicator::waitPointToPoint(const std::shared_ptr<Request>& request, const std::string& what) {
-  const auto deadline = Clock::now() + timeout();
+void Communicator::onComplete(const std::shared_ptr<Request>& request, std::function<void()> callback) {
+  std::weak_ptr<TaskQueue> completions = completions_;
+  transport::Transport* transport = transport_.get();  // alive while it completes requests
+  request->onDone([completions, transport, callback = std::move(callback)] {
+    if (!transport->onIoThread()) return callback();
+    if (auto queue = completions.lock()) return queue->post(callback);
+    callback();
+  });
+}
+
+void Communicator::waitPointToPoint(const std::shared_ptr<Request>& request, const std::string& what,
+                                    std::chrono::milliseconds timeout) {
+  timeout = clampTimeout(timeout);
+  const auto deadline = Clock::now() + timeout;
   try {
     transport_->wait(request, deadline, strCat(prefix(), " ", what));
   } catch (const TimeoutError& e) {
     transport_->cancel(request, Clock::now() + std::chrono::seconds(5));
-    throw TimeoutError(strCat(e.what(), " after ", timeout().count(), " ms"));
+    throw TimeoutError(strCat(e.what(), " after ", timeout.count(), " ms"));
   }
 }
 

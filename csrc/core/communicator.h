@@ -24,6 +24,7 @@
 #include "config.h"
 #include "dtype.h"
 #include "store.h"
+#include "task_queue.h"
 #include "algorithms/op.h"
 #include "algorithms/shm_collectives.h"
 #include "transport/transport.h"
@@ -35,6 +36,22 @@ class TcpTransport;
 namespace pycomm {
 
 using transport::Request;
+
+// Longer timeouts are taken as this one (about 10 years): deadlines are steady-clock time points
+// in nanoseconds, which "now + timedelta.max" would overflow into the past.
+constexpr std::chrono::milliseconds kMaxTimeout{std::chrono::hours(24 * 365 * 10)};
+std::chrono::milliseconds clampTimeout(std::chrono::milliseconds timeout);
+
+// PYCOMM_CHECK for the input of a collective, inside it on the worker: a failed check rejects the
+// op (rejectCollective) before it throws InvalidUsageError, so the peers fail it too.
+#define PYCOMM_CHECK_OP(cond, ...)                                       \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      const std::string pycommMessage_ = ::pycomm::strCat(__VA_ARGS__);  \
+      rejectCollective(pycommMessage_);                                  \
+      throw InvalidUsageError(pycommMessage_);                           \
+    }                                                                    \
+  } while (0)
 
 class Communicator {
  public:
@@ -56,14 +73,23 @@ class Communicator {
   void runOrEnqueue(std::function<void()> task);
   // Waits until every enqueued task ran, or the timeout passes (then returns false).
   bool drain(std::chrono::milliseconds timeout);
+  // Runs a point-to-point request's completion (its Work's future callbacks: user code) on the
+  // group's completion thread: never on the transport's event loop, where a callback that waits for
+  // another receive of the group would stop the loop that is to deliver it. Never refused.
+  void postCompletion(std::function<void()> completion);
   // Stops the worker after the queued tasks, then closes the transport. Idempotent.
   void shutdown();
   // Fails everything pending and in flight at once. Idempotent.
   void abort(const std::string& reason);
-  void setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(timeout.count()); }
+  void setTimeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeoutMs_.load()); }
   // Worker thread only (queue it with enqueue() so it applies in issue order on every rank).
   void setAlgorithm(Algorithm algorithm);
+
+  // Fails this rank's next collective with `message` (its input was invalid) the way a failure
+  // inside it would: it takes its sequence number and the peers are told, so their op fails at
+  // once instead of waiting, and the ranks stay in step. Worker thread only, in issue order.
+  void rejectCollective(const std::string& message);
 
   // The number of collectives issued so far on this rank (the next one gets this + 1).
   uint64_t sequenceNumber() const { return seq_.load(); }
@@ -75,7 +101,7 @@ class Communicator {
   // caller packs the pieces and calls allreduce).
   bool allreducePieces(const BufferList& pieces, DataType dtype, ReduceOp op);
   // Whether allreducePieces runs now. Worker thread (tasks) only, like the ops.
-  bool allreducesInSharedMemory() const { return shm_ && !shmBroken_; }
+  bool allreducesInSharedMemory() { return sharedMemoryFor(seq_.load() + 1); }
   void broadcast(void* data, size_t count, DataType dtype, int root);
   // The reduction lands in `data` at `root`; other ranks' `data` is left unchanged.
   void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root);
@@ -110,13 +136,24 @@ class Communicator {
   std::shared_ptr<Request> send(const void* data, size_t nbytes, int peer, uint64_t tag);
   // peer may be transport::Transport::kAnyPeer.
   std::shared_ptr<Request> recv(void* data, size_t nbytes, int peer, uint64_t tag);
-  // Waits for a point-to-point request with the group's timeout; detaches it if that passes.
-  void waitPointToPoint(const std::shared_ptr<Request>& request, const std::string& what);
+  // Runs `callback` once `request` (a point-to-point one) is done: on the completing thread, or on
+  // the group's completion thread if that is the transport's I/O thread (postCompletion).
+  void onComplete(const std::shared_ptr<Request>& request, std::function<void()> callback);
+  // Waits for a point-to-point request up to `timeout`; detaches it if that passes.
+  void waitPointToPoint(const std::shared_ptr<Request>& request, const std::string& what,
+                        std::chrono::milliseconds timeout);
 
  private:
+  // `viaShm`: the body runs steps of shm_ (runShm).
   template <typename Body>
   void runCollective(transport::OpSignature signature, const char* algorithm, Body body,
-                     const char* transportName = nullptr);
+                     const char* transportName = nullptr, bool viaShm = false);
+  // States the op in the group's shared memory, if it has some (algorithms/shm_collectives.h); an op
+  // of another path compares it with the peers' at once and throws on a mismatch.
+  void announce(const algorithms::Op& op, bool viaShm);
+  algorithms::ShmWait shmWait(const algorithms::Op& op);
+  // Whether op `seq` runs in shm_: not once the group gave shared memory up. Worker thread only.
+  bool sharedMemoryFor(uint64_t seq);
   // Runs `body` over shared memory if this group has it; on failure the group falls back to TCP.
   template <typename Body>
   bool runShm(transport::OpSignature signature, const char* algorithm, Body body);
@@ -126,11 +163,6 @@ class Communicator {
   void hierarchicalAllreduce(algorithms::Op& o, uint8_t* data, size_t count, DataType dtype, ReduceOp op,
                              Algorithm algorithm);
   uint8_t* scratch(size_t bytes);
-  void workerLoop();
-  // Runs `task` as this communicator's (see runIfNested); what escapes it is logged, named `kind`.
-  void runTask(const std::function<void()>& task, const char* kind);
-  // Runs `task` now and returns true if this thread is running one of this communicator's tasks.
-  bool runIfNested(const std::function<void()>& task);
   const std::string& prefix() const { return prefix_; }
 
   Config config_;
@@ -149,6 +181,7 @@ class Communicator {
   };
   std::unique_ptr<Hierarchy> hierarchy_;
   bool shmBroken_ = false;                     // worker thread only
+  uint64_t shmDecidedFor_ = 0;                 // worker thread only: the op sharedMemoryFor decided
   std::atomic<int64_t> timeoutMs_;
   std::atomic<uint64_t> seq_{0};    // written by the worker thread only
   std::vector<uint8_t> scratch_;    // worker thread only
@@ -157,13 +190,10 @@ class Communicator {
   std::map<std::string, OpStats> stats_;
   void record(const std::string& key, uint64_t sent, uint64_t received, double seconds);
 
-  std::mutex queueMutex_;
-  std::condition_variable queueCv_;
-  std::condition_variable idleCv_;
-  std::deque<std::function<void()>> queue_;
-  bool running_ = false;  // a task is executing
-  bool stopping_ = false;
-  std::thread worker_;
+  std::mutex stateMutex_;
+  bool shutDown_ = false;
+  std::shared_ptr<TaskQueue> tasks_;        // the worker: collectives in issue order
+  std::shared_ptr<TaskQueue> completions_;  // point-to-point completions
 };
 
 }  // namespace pycomm

@@ -13,6 +13,7 @@
 #include "core/algorithms/cost_model.h"
 #include "core/algorithms/queued_collectives.h"
 #include "core/error.h"
+#include "split_layout.h"
 #include "store_adapter.h"
 
 #if PYCOMM_WITH_CUDA
@@ -345,6 +346,26 @@ std::vector<at::Tensor> allOf(std::initializer_list<std::vector<at::Tensor>> lis
   return all;
 }
 
+// What the outermost collective override on this thread has done so far (rejectOnPeers): an op
+// staged through host memory runs the CPU override again inside it.
+struct OverrideCall {
+  int depth = 0;
+  bool submitted = false;    // a Work was queued: the op takes its sequence number there
+  bool deviceRoute = false;  // ncclFor ran: its decision or the NCCL op is the op's
+};
+thread_local OverrideCall overrideCall;
+
+// Opened first in each collective override; the outermost one starts a fresh OverrideCall.
+class OverrideScope {
+ public:
+  OverrideScope() {
+    if (overrideCall.depth++ == 0) overrideCall = OverrideCall{1, false, false};
+  }
+  ~OverrideScope() { --overrideCall.depth; }
+  OverrideScope(const OverrideScope&) = delete;
+  OverrideScope& operator=(const OverrideScope&) = delete;
+};
+
 // Set by runStaged for the submit() of the op it runs, on the same thread.
 thread_local std::shared_ptr<DeviceStaging> pendingStaging;
 
@@ -418,8 +439,21 @@ void PycommBackend::abort() {
   comm_->abort("abort() was called");
 }
 
+void PycommBackend::rejectOnPeers(const std::exception& error) {
+  if (overrideCall.depth != 0 || overrideCall.submitted || overrideCall.deviceRoute) return;
+  const auto* torchError = dynamic_cast<const c10::Error*>(&error);
+  std::string message = torchError != nullptr ? torchError->what_without_backtrace() : error.what();
+  auto comm = comm_;
+  try {
+    comm_->enqueue([comm, message = std::move(message)] { comm->rejectCollective(message); });
+  } catch (const Error&) {
+    // The group was shut down: no peer waits for this op, and the caller gets its own error.
+  }
+}
+
 void PycommBackend::enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body,
                                 bool inlineOk, std::shared_ptr<DeviceStaging> staging) {
+  overrideCall.submitted = true;
   bool coalescing;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
@@ -504,6 +538,10 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::runStaged(
 
 std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
 #if PYCOMM_WITH_CUDA
+  // NCCL ops take no sequence number of the CPU transports; the decision itself runs on the
+  // worker for every rank alike. Neither may be followed by a rejected CPU op (see
+  // rejectOnPeers); a staged op's CPU override is, as it clears this.
+  overrideCall.deviceRoute = true;
   std::lock_guard<std::mutex> lock(deviceRouteMutex_);
   const std::string where = strCat("pycomm [rank ", rank_, "/", size_, "] ");
   // A failed decision or NCCL setup fails every later CUDA collective the same way: deciding
@@ -609,7 +647,10 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
     deviceRouteError_ = std::current_exception();
     throw;
   }
-  if (!nccl_) return nullptr;
+  if (!nccl_) {
+    overrideCall.deviceRoute = false;  // staged: the op runs over the CPU transports after all
+    return nullptr;
+  }
   TORCH_CHECK_VALUE(device.index() == nccl_->device(), where, "this group's NCCL communicator is on cuda:",
                     nccl_->device(), ", the op's tensors on ", device, "; a group uses one GPU per rank");
   return nccl_;
@@ -709,7 +750,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::endCoalescing() {
 // ---------------------------------------------------------------------------------------------
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::broadcast(std::vector<at::Tensor>& tensors,
-                                                          const ::c10d::BroadcastOptions& opts) {
+                                                          const ::c10d::BroadcastOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "broadcast");
   if (auto device = v.deviceOf(tensors)) {
     if (auto nccl = ncclFor(*device)) {
@@ -742,6 +784,9 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::broadcast(std::vector<at::Tensor
     comm->broadcast(c.flat.data_ptr(), layout.count(c.flat), layout.dtype, root);
     c.copyBack();
   }, !opts.asyncOp);
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 std::optional<codecs::Codec> PycommBackend::compressionFor(const at::Tensor& t,
@@ -754,7 +799,8 @@ std::optional<codecs::Codec> PycommBackend::compressionFor(const at::Tensor& t,
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Tensor& tensor,
                                                                     const ::c10d::ReduceOp& op,
-                                                                    const std::string& codecName) {
+                                                                    const std::string& codecName) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "allreduce");
   const auto device = v.deviceOf({tensor});
   if (!device) v.tensor(tensor);
@@ -790,6 +836,9 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
     comm->allreduceCompressed(c.flat.data_ptr<float>(), c.flat.numel(), codec, average);
     c.copyBack();
   });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 bool PycommBackend::allreducePiecesNow(const std::vector<at::Tensor>& bucket, const ::c10d::ReduceOp& op) {
@@ -900,7 +949,8 @@ void PycommBackend::allreduceSparseNow(const at::Tensor& tensor) {
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor>& tensors,
-                                                          const ::c10d::AllreduceOptions& opts) {
+                                                          const ::c10d::AllreduceOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "allreduce");
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
     // What gloo does for sparse gradients (DDP with sparse embeddings): gather every rank's entries,
@@ -910,7 +960,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor
                       t.device());
     TORCH_CHECK_VALUE(opts.reduceOp == ::c10d::ReduceOp::SUM, v.where(), "sparse tensors support SUM only");
     TORCH_CHECK_VALUE(t.dim() <= 8, v.where(), "sparse tensors of at most 8 dims, got ", t.dim());
-    return submit(OpType::ALLREDUCE, "pycomm:all_reduce_sparse", {t}, [this, t] { allreduceSparseNow(t); },
+    return submit(OpType::ALLREDUCE, "pycomm:all_reduce_sparse", {t}, [self = selfRef(), t] { self->allreduceSparseNow(t); },
                   !opts.asyncOp);
   }
   if (auto device = v.deviceOf(tensors)) {
@@ -933,12 +983,16 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce(std::vector<at::Tensor
   const at::Tensor& t = v.single(tensors);
   v.reduceOp(opts.reduceOp, t);  // validate now, on the caller's thread
   const ::c10d::ReduceOp op = opts.reduceOp;
-  return submit(OpType::ALLREDUCE, "pycomm:all_reduce", {t}, [this, t, op] { allreduceNow(t, op); },
+  return submit(OpType::ALLREDUCE, "pycomm:all_reduce", {t}, [self = selfRef(), t, op] { self->allreduceNow(t, op); },
                 !opts.asyncOp);
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
-    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "allreduce_coalesced");
   if (auto device = v.deviceOf(tensors)) {
     auto staging = beginStaging(*device);
@@ -952,7 +1006,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
   const ::c10d::ReduceOp op = opts.reduceOp;
   const size_t bucketBytes = comm_->config().bucketBytes;
   return submit(OpType::ALLREDUCE_COALESCED, "pycomm:all_reduce_coalesced", tensors,
-                [this, tensors, op, bucketBytes] {
+                [self = selfRef(), tensors, op, bucketBytes] {
                   // Buckets of one dtype each, filled in the order given (the same on every rank),
                   // closed when the next tensor would overflow bucketBytes; one all-reduce per bucket.
                   std::map<at::ScalarType, std::vector<at::Tensor>> open;
@@ -961,11 +1015,11 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
                     auto& bucket = open[type];
                     if (bucket.empty()) return;
                     if (bucket.size() == 1) {
-                      allreduceNow(bucket[0], op);
-                    } else if (!allreducePiecesNow(bucket, op)) {
-                      at::Tensor flat = bucketStaging(type, openBytes[type]);
+                      self->allreduceNow(bucket[0], op);
+                    } else if (!self->allreducePiecesNow(bucket, op)) {
+                      at::Tensor flat = self->bucketStaging(type, openBytes[type]);
                       packInto(bucket, flat);
-                      allreduceNow(flat, op);
+                      self->allreduceNow(flat, op);
                       scatterInto(flat, bucket);
                     }
                     bucket.clear();
@@ -984,10 +1038,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduce_coalesced(
                   }
                   for (auto type : order) flush(type);
                 });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce(std::vector<at::Tensor>& tensors,
-                                                       const ::c10d::ReduceOptions& opts) {
+                                                       const ::c10d::ReduceOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "reduce");
   if (auto device = v.deviceOf(tensors)) {
     auto staging = beginStaging(*device);
@@ -1012,11 +1070,15 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce(std::vector<at::Tensor>& 
     if (spec.average) applyAverage(c.flat, size);
     c.copyBack();
   });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
-                                                          const ::c10d::AllgatherOptions& opts) {
+                                                          const ::c10d::AllgatherOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "allgather");
   if (auto device = v.deviceOf(allOf({inputs}, {outputs}))) {
     auto staging = beginStaging(*device);
@@ -1042,10 +1104,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather(std::vector<std::vecto
     comm->allgather(c.flat.data_ptr(), flat.data_ptr(), layout.count(c.flat), layout.dtype);
     scatterInto(flat, outs);
   });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                const ::c10d::AllgatherOptions& opts) {
+                                                                const ::c10d::AllgatherOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "allgather_into_tensor");
   if (auto device = v.deviceOf({input, output})) {
     if (auto nccl = ncclFor(*device)) {
@@ -1079,11 +1145,15 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_allgather_base(at::Tensor& outp
     }
     out.copyBack();
   });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const ::c10d::AllgatherOptions& opts) {
+    const ::c10d::AllgatherOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "allgather_coalesced");
   if (auto device = v.deviceOf(allOf({inputs}, {outputs}))) {
     auto staging = beginStaging(*device);
@@ -1117,10 +1187,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather_coalesced(
                           }
                         }
                       });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::AllgatherOptions& opts) {
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::AllgatherOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "allgather_into_tensor_coalesced");
   if (auto device = v.deviceOf(allOf({inputs, outputs}))) {
     auto staging = beginStaging(*device);
@@ -1146,11 +1220,15 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allgather_into_tensor_coalesced(
                     out.copyBack();
                   }
                 });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
-                                                       const ::c10d::GatherOptions& opts) {
+                                                       const ::c10d::GatherOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "gather");
   if (auto device = v.deviceOf(allOf({inputs}, {outputs}))) {
     auto staging = beginStaging(*device);
@@ -1185,11 +1263,15 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::gather(std::vector<std::vector<a
                  layout.dtype, root);
     if (!outs.empty()) scatterInto(flat, outs);
   });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
-                                                        const ::c10d::ScatterOptions& opts) {
+                                                        const ::c10d::ScatterOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "scatter");
   if (auto device = v.deviceOf(allOf({outputs}, {inputs}))) {
     auto staging = beginStaging(*device);
@@ -1223,11 +1305,15 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::scatter(std::vector<at::Tensor>&
                   layout.dtype, root);
     c.copyBack();
   });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-    const ::c10d::ReduceScatterOptions& opts) {
+    const ::c10d::ReduceScatterOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "reduce_scatter");
   if (auto device = v.deviceOf(allOf({outputs}, {inputs}))) {
     auto staging = beginStaging(*device);
@@ -1255,10 +1341,14 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter(
     if (spec.average) applyAverage(c.flat, size);
     c.copyBack();
   });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
-    at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
+    at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "reduce_scatter_tensor");
   if (auto device = v.deviceOf({input, output})) {
     if (auto nccl = ncclFor(*device)) {
@@ -1301,11 +1391,15 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::_reduce_scatter_base(
                   if (spec.average) applyAverage(out.flat, size);
                   out.copyBack();
                 });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const ::c10d::ReduceScatterOptions& opts) {
+    const ::c10d::ReduceScatterOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "reduce_scatter_tensor_coalesced");
   if (auto device = v.deviceOf(allOf({inputs, outputs}))) {
     auto staging = beginStaging(*device);
@@ -1338,6 +1432,9 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::reduce_scatter_tensor_coalesced(
                     out.copyBack();
                   }
                 });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 namespace {
@@ -1353,45 +1450,14 @@ at::Tensor apartFrom(const at::Tensor& in, const at::Tensor& out) {
   return overlap ? in.clone() : in;
 }
 
-// Element counts and offsets per peer for an all-to-all over dimension 0.
-void splitLayout(const at::Tensor& t, const std::vector<int64_t>& splits, int size, const Validator& v,
-                 const char* what, size_t scale, std::vector<size_t>& counts, std::vector<size_t>& offsets) {
-  counts.assign(size, 0);
-  offsets.assign(size, 0);
-  if (splits.empty()) {
-    TORCH_CHECK_VALUE(t.numel() % size == 0, v.where(), what, " has ", t.numel(),
-                      " elements, not divisible by the group size ", size, " (pass split sizes)");
-    for (int i = 0; i < size; ++i) {
-      counts[i] = static_cast<size_t>(t.numel() / size) * scale;
-      offsets[i] = i * counts[i];
-    }
-    return;
-  }
-  TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(size), v.where(), what, " split sizes have ",
-                    splits.size(), " entries for a group of ", size);
-  TORCH_CHECK_VALUE(t.dim() > 0, v.where(), what, " must have a first dimension to split");
-  int64_t rows = 0;
-  for (auto s : splits) {
-    TORCH_CHECK_VALUE(s >= 0, v.where(), what, " split sizes must be non-negative");
-    rows += s;
-  }
-  TORCH_CHECK_VALUE(rows == t.size(0), v.where(), what, " split sizes add up to ", rows,
-                    " rows but the tensor has ", t.size(0));
-  const size_t rowElems = t.size(0) == 0 ? 0 : static_cast<size_t>(t.numel() / t.size(0));
-  size_t offset = 0;
-  for (int i = 0; i < size; ++i) {
-    counts[i] = static_cast<size_t>(splits[i]) * rowElems * scale;
-    offsets[i] = offset;
-    offset += counts[i];
-  }
-}
 
 }  // namespace
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& outputSplits,
                                                               std::vector<int64_t>& inputSplits,
-                                                              const ::c10d::AllToAllOptions& opts) {
+                                                              const ::c10d::AllToAllOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "alltoall_base");
   if (auto device = v.deviceOf({input, output})) {
     if (auto nccl = ncclFor(*device)) {
@@ -1399,12 +1465,10 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall_base(at::Tensor& output
       v.sameDtype(input, output);
       const Layout layout = movable(input);
       std::vector<size_t> sendBytes, sendOffsets, recvBytes, recvOffsets;
-      splitLayout(input, inputSplits, size_, v, "input", layout.scale, sendBytes, sendOffsets);
-      splitLayout(output, outputSplits, size_, v, "output", layout.scale, recvBytes, recvOffsets);
+      splitLayout(input, inputSplits, size_, v.where(), "input", layout.scale, sendBytes, sendOffsets);
+      splitLayout(output, outputSplits, size_, v.where(), "output", layout.scale, recvBytes, recvOffsets);
       const size_t esize = elementSize(layout.dtype);
-      for (auto* counts : {&sendBytes, &sendOffsets, &recvBytes, &recvOffsets}) {
-        for (auto& c : *counts) c *= esize;
-      }
+      for (auto* counts : {&sendBytes, &sendOffsets, &recvBytes, &recvOffsets}) toBytes(*counts, esize, v.where());
       const size_t tensorElementBytes = esize * layout.scale;
       TORCH_CHECK_VALUE(sendBytes[rank_] == recvBytes[rank_], v.where(), "this rank sends itself ",
                         sendBytes[rank_] / tensorElementBytes, " elements but expects ",
@@ -1429,8 +1493,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall_base(at::Tensor& output
   v.sameType(input, output);
   const Layout layout = movable(input);
   std::vector<size_t> sendCounts, sendOffsets, recvCounts, recvOffsets;
-  splitLayout(input, inputSplits, size_, v, "input", layout.scale, sendCounts, sendOffsets);
-  splitLayout(output, outputSplits, size_, v, "output", layout.scale, recvCounts, recvOffsets);
+  splitLayout(input, inputSplits, size_, v.where(), "input", layout.scale, sendCounts, sendOffsets);
+  splitLayout(output, outputSplits, size_, v.where(), "output", layout.scale, recvCounts, recvOffsets);
   Contiguous in(input), out(output);
   auto comm = comm_;
   return submit(OpType::ALLTOALL_BASE, "pycomm:all_to_all_single", {output},
@@ -1440,11 +1504,15 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall_base(at::Tensor& output
                                  recvCounts, recvOffsets, layout.dtype);
                   out.copyBack();
                 });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
-                                                         const ::c10d::AllToAllOptions& opts) {
+                                                         const ::c10d::AllToAllOptions& opts) try {
+  const OverrideScope scope;
   Validator v(rank_, size_, "alltoall");
   if (auto device = v.deviceOf(allOf({inputs, outputs}))) {
     auto staging = beginStaging(*device);
@@ -1480,6 +1548,9 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::alltoall(std::vector<at::Tensor>
                                  recvOffsets, layout.dtype);
                   scatterInto(out, outputs);
                 });
+} catch (const std::exception& error) {
+  rejectOnPeers(error);
+  throw;
 }
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::barrier(const ::c10d::BarrierOptions& opts) {
@@ -1530,9 +1601,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::send(std::vector<at::Tensor>& te
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  auto* raw = request.get();
   // The host copy of a device tensor lives as long as the request, which holds this callback.
-  request->onDone([work, raw, flat] { work->complete(raw->error()); });
+  comm_->onComplete(request, [work, flat] { work->finishFromRequest(); });
   return work;
 }
 
@@ -1548,28 +1618,20 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::postReceive(std::vector<at::Tens
   if (staging) staging->copyIn();
   Contiguous c(t);
   auto request = comm_->recv(c.flat.data_ptr(), c.flat.nbytes(), srcRank, static_cast<uint64_t>(tag));
+  auto onReceived = [c, staging] {
+    const at::AutoDispatchBelowADInplaceOrView belowAutograd;  // as in enqueueWork's tasks
+    c.copyBack();
+    if (staging) staging->copyOut();
+  };
   auto work = c10::make_intrusive<PointToPointWork>(
       comm_, request, anyPeer ? OpType::RECVANYSOURCE : OpType::RECV, staging ? tensors[0] : t,
       anyPeer ? strCat("recv from any peer (tag ", tag, ")") : strCat("recv from peer ", srcRank, " (tag ", tag, ")"),
-      staging);
+      staging, onReceived);
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  auto* raw = request.get();
-  request->onDone([work, raw, c, staging] {
-    std::exception_ptr error = raw->error();
-    if (!error) {
-      try {
-        const at::AutoDispatchBelowADInplaceOrView belowAutograd;  // as in enqueueWork's tasks
-        c.copyBack();
-        if (staging) staging->copyOut();
-      } catch (const std::exception&) {
-        error = std::current_exception();
-      }
-    }
-    work->complete(error);
-  });
+  comm_->onComplete(request, [work] { work->finishFromRequest(); });
   return work;
 }
 

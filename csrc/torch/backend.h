@@ -93,6 +93,15 @@ class PycommBackend final : public ::c10d::Backend {
   void abort() override;
 
  private:
+  // A strong reference for a queued task that calls back into this backend: the group may be
+  // destroyed (even from a completion callback) while the task still waits in the queue.
+  c10::intrusive_ptr<PycommBackend> selfRef() { return c10::intrusive_ptr<PycommBackend>::reclaim_copy(this); }
+  // Called by a collective override whose validation threw `error` (its function-try-block, after
+  // its OverrideScope closed): if the outermost override submitted nothing and the op was for the
+  // CPU transports (not NCCL), this rank's next collective is rejected with the error
+  // (Communicator::rejectCollective), so the peers fail their op at once instead of waiting for
+  // this rank, and sequence numbers stay in step. The override then rethrows.
+  void rejectOnPeers(const std::exception& error);
   // Queues `body` on the worker; the Work completes with its outcome. `outputs` feed the future.
   // `inlineOk`: the caller waits at once (a synchronous op), so the op may run on its thread.
   c10::intrusive_ptr<PycommWork> submit(::c10d::OpType opType, const char* title,

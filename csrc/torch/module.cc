@@ -69,6 +69,7 @@ Config parseConfig(int rank, int size, const py::dict& config) {
   c.hostId = required<std::string>(config, "host_id");
   c.bucketBytes = required<size_t>(config, "bucket_bytes");
   c.tcpLinger = std::chrono::milliseconds(required<int64_t>(config, "tcp_linger_ms"));
+  c.unexpectedBytes = required<uint64_t>(config, "unexpected_bytes");
   c.logLevel = parseLogLevel(required<std::string>(config, "debug"));
   const auto compression = required<std::string>(config, "compression");
   if (compression != "none") {

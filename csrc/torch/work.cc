@@ -109,7 +109,8 @@ void PycommWork::complete(std::exception_ptr error) {
 
 PointToPointWork::PointToPointWork(std::shared_ptr<Communicator> comm,
                                    std::shared_ptr<transport::Request> request, ::c10d::OpType opType,
-                                   at::Tensor tensor, std::string what, std::shared_ptr<DeviceStaging> staging)
+                                   at::Tensor tensor, std::string what, std::shared_ptr<DeviceStaging> staging,
+                                   std::function<void()> onReceived)
     : PycommWork(comm->rank(), opType,
                  opType == ::c10d::OpType::SEND ? "pycomm:send" : "pycomm:recv",
                  c10::IValue(std::vector<at::Tensor>{std::move(tensor)}),
@@ -118,11 +119,25 @@ PointToPointWork::PointToPointWork(std::shared_ptr<Communicator> comm,
                          : std::vector<std::shared_ptr<DeviceStaging>>{}),
       comm_(std::move(comm)),
       request_(std::move(request)),
-      what_(std::move(what)) {}
+      what_(std::move(what)),
+      onReceived_(std::move(onReceived)) {}
 
-void PointToPointWork::awaitRequest() {
+void PointToPointWork::finishFromRequest() {
+  if (finishing_.exchange(true)) return;
+  std::exception_ptr error = request_->error();
+  if (!error && onReceived_) {
+    try {
+      onReceived_();
+    } catch (const std::exception&) {
+      error = std::current_exception();
+    }
+  }
+  complete(error);
+}
+
+void PointToPointWork::awaitRequest(std::chrono::milliseconds timeout) {
   try {
-    comm_->waitPointToPoint(request_, what_);
+    comm_->waitPointToPoint(request_, what_, timeout);
   } catch (const std::exception&) {
     complete(std::current_exception());
     throw;
@@ -130,12 +145,15 @@ void PointToPointWork::awaitRequest() {
 }
 
 bool PointToPointWork::wait(std::chrono::milliseconds timeout) {
-  awaitRequest();
+  // c10d's kNoTimeout (0) means the group's; any other is this wait's own.
+  awaitRequest(timeout == std::chrono::milliseconds(0) ? comm_->timeout() : timeout);
+  finishFromRequest();  // here, rather than waiting for the completion thread to get to it
   return PycommWork::wait(timeout);
 }
 
 void PointToPointWork::waitHost() {
-  awaitRequest();
+  awaitRequest(comm_->timeout());
+  finishFromRequest();
   PycommWork::waitHost();
 }
 

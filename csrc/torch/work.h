@@ -67,22 +67,32 @@ class PycommWork : public ::c10d::Work {
 
 // A send or receive: completes when its transport request does (and, for a staged receive, once
 // the copy back is queued); waiting honours the group timeout.
+//
+// The request's outcome becomes the Work's once (finishFromRequest): on the thread that waits for
+// the Work, or else on the group's completion thread (Communicator::onComplete), never on the
+// transport's event loop, since completing runs the future's callbacks.
 class PointToPointWork final : public PycommWork {
  public:
+  // `onReceived` runs before a successful receive completes (copies back into the caller's tensor).
   PointToPointWork(std::shared_ptr<Communicator> comm, std::shared_ptr<transport::Request> request,
                    ::c10d::OpType opType, at::Tensor tensor, std::string what,
-                   std::shared_ptr<DeviceStaging> staging = nullptr);
+                   std::shared_ptr<DeviceStaging> staging = nullptr, std::function<void()> onReceived = nullptr);
+  // Completes the Work with the request's outcome, once the request is done; later calls do nothing.
+  void finishFromRequest();
   bool wait(std::chrono::milliseconds timeout) override;
   void waitHost() override;
   int sourceRank() const override;
 
  private:
-  // Waits for the request with the group's timeout; a failure completes the Work with it.
-  void awaitRequest();
+  // Waits for the request up to `timeout`; a failure (or the timeout, which detaches the request)
+  // completes the Work with it.
+  void awaitRequest(std::chrono::milliseconds timeout);
 
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<transport::Request> request_;
   std::string what_;
+  std::function<void()> onReceived_;
+  std::atomic<bool> finishing_{false};
 };
 
 }  // namespace pycomm::torch_adapter

@@ -352,8 +352,8 @@ void checkSendBeforeReceive() {
     std::vector<uint8_t> out(n, static_cast<uint8_t>(r + 1)), in(n, 0);
     auto s = comms[r]->send(out.data(), n, 1 - r, 7);
     auto q = comms[r]->recv(in.data(), n, 1 - r, 7);
-    comms[r]->waitPointToPoint(s, "send");
-    comms[r]->waitPointToPoint(q, "recv");
+    comms[r]->waitPointToPoint(s, "send", comms[r]->timeout());
+    comms[r]->waitPointToPoint(q, "recv", comms[r]->timeout());
     EXPECT_TRUE(in[0] == 2 - r && in[n - 1] == 2 - r, "p2p payload");
   });
 }

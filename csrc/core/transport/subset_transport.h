@@ -27,6 +27,7 @@ class SubsetTransport final : public Transport {
   void wait(const std::shared_ptr<Request>& request, Clock::time_point deadline, const std::string& context) override {
     base_.wait(request, deadline, context);
   }
+  bool onIoThread() const override { return base_.onIoThread(); }
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override {
     return base_.cancel(request, deadline);
   }

@@ -43,6 +43,10 @@ class Transport {
     request->wait(deadline, context);
   }
 
+  // Whether the calling thread is this transport's own I/O thread (its event loop), where user code
+  // must not run: a callback that waits there for more input stops the input.
+  virtual bool onIoThread() const { return false; }
+
   // Detaches a request that is not done, so the transport no longer touches its buffer. Returns false
   // if that was impossible before `deadline`; the transport has then been aborted.
   virtual bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) = 0;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -61,6 +62,13 @@ Segment Segment::open(const std::string& name, size_t bytes) {
   s.name_ = name;
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   PYCOMM_CHECK(fd >= 0, RemoteError, "shm_open(", name, ") failed: ", std::strerror(errno));
+  // A shorter file (not the creator's segment, or one cut short) would fault with SIGBUS on the
+  // first touch past its end: refuse it here.
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < bytes) {
+    ::close(fd);
+    throw RemoteError(strCat("shared memory ", name, " has ", st.st_size, " B, expected ", bytes, " B"));
+  }
   try {
     s.base_ = mapFd(fd, bytes, name);
   } catch (...) {

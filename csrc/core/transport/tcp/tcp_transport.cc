@@ -42,6 +42,7 @@ uint8_t* discardBuffer(size_t& size) {
 
 // Set on a transport's event-loop thread, to count what other threads read.
 thread_local bool onLoopThread = false;
+thread_local const void* loopOwner = nullptr;  // the transport whose loop this thread runs
 
 std::exception_ptr remoteError(const std::string& message) {
   return std::make_exception_ptr(RemoteError(message));
@@ -103,6 +104,7 @@ TcpTransport::TcpTransport(const TcpOptions& options, Store& store)
       size_(options.size),
       timeout_(options.timeout),
       linger_(options.linger),
+      unexpectedBudget_(options.unexpectedBytes),
       logger_(options.logger) {
   peers_.resize(size_);
   epoll_ = Socket(epoll_create1(EPOLL_CLOEXEC));
@@ -142,6 +144,8 @@ TcpTransport::~TcpTransport() {
     }
   }
 }
+
+bool TcpTransport::onIoThread() const { return onLoopThread && loopOwner == this; }
 
 std::string TcpTransport::context() const { return strCat("[rank ", rank_, "/", size_, "]"); }
 
@@ -198,6 +202,7 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
       if (arrived != arrivedCollective_.end()) {
         deliverLocked(request, peer, arrived->second.header, arrived->second.payload,
                       checkCollective(peer, arrived->second.header, {request, info.signature}, nbytes), completions);
+        releaseLocked(arrived->second);
         arrivedCollective_.erase(arrived);
       } else if (failed != failedSeqs_.end()) {
         completions.push_back({request, 0, peer, remoteError(failed->second)});
@@ -215,6 +220,7 @@ std::shared_ptr<Request> TcpTransport::irecv(int peer, const FrameInfo& info, vo
       if (match != arrivedP2P_.end()) {
         deliverLocked(request, match->peer, match->header, match->payload,
                       checkP2P(match->peer, match->header, nbytes), completions);
+        releaseLocked(*match);
         arrivedP2P_.erase(match);
       } else if (!anyPeer && peers_[peer]->failure) {
         completions.push_back({request, 0, peer, peers_[peer]->failure});
@@ -351,7 +357,12 @@ void TcpTransport::retire(uint64_t seq, bool succeeded) {
   std::lock_guard<std::mutex> lock(matchMutex_);
   retiredSeq_ = std::max(retiredSeq_, seq);
   for (auto it = arrivedCollective_.begin(); it != arrivedCollective_.end();) {
-    it = std::get<1>(it->first) <= retiredSeq_ ? arrivedCollective_.erase(it) : std::next(it);
+    if (std::get<1>(it->first) > retiredSeq_) {
+      ++it;
+      continue;
+    }
+    releaseLocked(it->second);
+    it = arrivedCollective_.erase(it);
   }
   failedSeqs_.erase(failedSeqs_.begin(), failedSeqs_.upper_bound(retiredSeq_));
   activeOps_.erase(activeOps_.begin(), activeOps_.upper_bound(retiredSeq_));
@@ -389,6 +400,9 @@ void TcpTransport::abort(const std::string& reason) {
     postedP2P_.clear();
     arrivedCollective_.clear();
     arrivedP2P_.clear();
+    for (auto& p : peers_) {
+      if (p) p->unexpectedBytes = 0;
+    }
   }
   for (auto& p : peers_) {
     if (!p) continue;
@@ -449,6 +463,16 @@ std::string TcpTransport::checkP2P(int peer, const FrameHeader& header, size_t e
   return strCat(context(), " recv from peer ", peer, " (tag ", header.seq, "): rank ", rank_,
                 " posted a buffer of ", expectedBytes, " bytes but rank ", peer, " sent ",
                 header.nbytes, " bytes");
+}
+
+uint64_t TcpTransport::unexpectedCost(const FrameHeader& header) {
+  // Bookkeeping counts too, so that a flood of empty frames for far-future ops is bounded as well.
+  return header.nbytes + sizeof(Arrived) + 64;
+}
+
+void TcpTransport::releaseLocked(const Arrived& arrived) {
+  Peer& peer = *peers_[arrived.peer];
+  peer.unexpectedBytes -= std::min(peer.unexpectedBytes, unexpectedCost(arrived.header));
 }
 
 bool TcpTransport::deliverArrivedLocked(Arrived& arrived, std::vector<Completion>& completions) {
@@ -524,6 +548,7 @@ void TcpTransport::finish(std::vector<Completion>& completions) {
 
 void TcpTransport::loop() {
   onLoopThread = true;
+  loopOwner = this;
   epoll_event events[64];
   while (!stopping_.load()) {
     // While sockets linger out of sight the loop wakes now and then to take back idle ones.
@@ -905,6 +930,27 @@ void TcpTransport::onHeader(Peer& peer) {
     }
   }
   finish(completions);
+  if (peer.target == ReadTarget::kBuffer) {
+    // What a peer may make this rank hold for receives not posted yet. Counted from the header on,
+    // so a frame announcing more than the budget is refused before a byte of it is allocated.
+    std::string refused;
+    {
+      std::lock_guard<std::mutex> lock(matchMutex_);
+      const uint64_t cost = unexpectedCost(h);
+      if (cost > unexpectedBudget_ || peer.unexpectedBytes > unexpectedBudget_ - cost) {
+        refused = strCat(context(), " peer ", peer.rank, " sent ", describeFrame(h), " that no receive was posted for, ",
+                         "with ", peer.unexpectedBytes, " B of such data held already: more than the budget of ",
+                         unexpectedBudget_, " B per peer (Options(unexpected_bytes=...), PYCOMM_UNEXPECTED_BYTES); "
+                         "connection closed");
+      } else {
+        peer.unexpectedBytes += cost;
+      }
+    }
+    if (!refused.empty()) {
+      failPeer(peer, remoteError(refused));
+      return;
+    }
+  }
   if (peer.target == ReadTarget::kBuffer || peer.target == ReadTarget::kErrorText) {
     try {
       peer.buffer.resize(h.nbytes);
@@ -940,8 +986,11 @@ void TcpTransport::onPayload(Peer& peer) {
       peer.buffer = {};
       std::lock_guard<std::mutex> lock(matchMutex_);
       const bool collective = h.channel == static_cast<uint8_t>(Channel::kCollective);
-      if (collective && (h.seq <= retiredSeq_ || failedSeqs_.count(h.seq) != 0)) break;
-      if (deliverArrivedLocked(arrived, completions)) break;
+      if ((collective && (h.seq <= retiredSeq_ || failedSeqs_.count(h.seq) != 0)) ||
+          deliverArrivedLocked(arrived, completions)) {
+        releaseLocked(arrived);
+        break;
+      }
       if (collective) {
         arrivedCollective_.emplace(CollectiveKey{peer.rank, h.seq, h.slot}, std::move(arrived));
       } else {

@@ -35,6 +35,9 @@ struct TcpOptions {
   // How long a socket a waiting thread drained stays out of the loop's sight (Peer::lingering) and
   // how often the loop wakes while one does; 0 hands it back at once.
   std::chrono::milliseconds linger{10};
+  // At most this many bytes of frames nobody posted a receive for yet (sent ahead, or a peer
+  // misbehaving) are held per peer; past it the peer is failed (Config::unexpectedBytes).
+  uint64_t unexpectedBytes = uint64_t{1} << 30;
   Logger logger;
 };
 
@@ -56,6 +59,7 @@ class TcpTransport final : public Transport {
   void wait(const std::shared_ptr<Request>& request, Clock::time_point deadline,
             const std::string& context) override;
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override;
+  bool onIoThread() const override;
   void reportFailure(uint64_t seq, const std::string& message) override;
   void beginOp(uint64_t seq, const OpSignature& signature) override;
   std::string takeLateFailure() override;
@@ -125,6 +129,7 @@ class TcpTransport final : public Transport {
     std::shared_ptr<void> ringMemory;
     // Guarded by matchMutex_.
     std::exception_ptr failure;
+    uint64_t unexpectedBytes = 0;  // held in arrived*_ (and being read into a buffer) for this peer
   };
 
   struct PostedCollective {
@@ -231,6 +236,9 @@ class TcpTransport final : public Transport {
   std::string checkCollective(int peer, const FrameHeader& header, const PostedCollective& posted,
                               size_t expectedBytes) const;
   std::string checkP2P(int peer, const FrameHeader& header, size_t expectedBytes) const;
+  // What an unexpected frame counts against its peer's budget; and the release of an arrived one.
+  static uint64_t unexpectedCost(const FrameHeader& header);
+  void releaseLocked(const Arrived& arrived);  // called with matchMutex_ held
   // Hands an arrived message to a posted receive, if there is one. Called with matchMutex_ held.
   bool deliverArrivedLocked(Arrived& arrived, std::vector<Completion>& completions);
   // Completes the requests, or, inside handleInput on this thread, hands them to it for later.
@@ -255,6 +263,7 @@ class TcpTransport final : public Transport {
   const int size_;
   const std::chrono::milliseconds timeout_;
   const std::chrono::milliseconds linger_;
+  const uint64_t unexpectedBudget_;
   const Logger logger_;
 
   Socket listener_;
