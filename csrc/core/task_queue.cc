@@ -125,7 +125,7 @@ void TaskQueue::loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       // A task running inline on a caller's thread holds the turn: wait for it.
-      queueCv_.wait(lock, [&] { return (stopping_ && queue_.empty() && !running_) || (!queue_.empty() && !running_); });
+      queueCv_.wait(lock, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !running_); });
       if (queue_.empty()) {
         exited_ = true;
         break;
