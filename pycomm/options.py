@@ -15,9 +15,11 @@ DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 DEFAULT_CHUNK_BYTES = 512 * 1024
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 DEFAULT_TCP_LINGER_MS = 10
-# Frames a peer sent before this rank posted their receive, held per peer: enough for any program
-# that sends ahead by a few ops, far from what would exhaust a host's memory.
-DEFAULT_UNEXPECTED_BYTES = 1 << 30
+# Frames a peer sent before this rank posted their receive, held per peer. A broadcast root or a
+# sender that runs ahead of a late receiver legitimately fills it with up to the op's size (a chain
+# broadcast sends every chunk at once), so it is generous; a program that sends more than this
+# ahead of its receivers must raise it (the error names the option).
+DEFAULT_UNEXPECTED_BYTES = 4 << 30
 
 # field -> environment variable read when the field is left as None
 ENVIRONMENT = {

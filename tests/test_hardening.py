@@ -335,7 +335,7 @@ def test_unexpected_data_has_a_budget(pycomm: ModuleType) -> None:
 
 def test_budget_and_timeout_options_are_validated(pycomm: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     assert pycomm.Options(unexpected_bytes=1 << 20).resolved().unexpected_bytes == 1 << 20
-    assert pycomm.Options().resolved().unexpected_bytes == 1 << 30
+    assert pycomm.Options().resolved().unexpected_bytes == 4 << 30
     for bad in (0, 100, -1, "lots", 1 << 63):
         with pytest.raises(ValueError, match="unexpected_bytes"):
             pycomm.Options(unexpected_bytes=bad)

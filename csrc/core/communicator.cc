@@ -101,7 +101,8 @@ Communicator::~Communicator() {
 }
 
 std::chrono::milliseconds clampTimeout(std::chrono::milliseconds timeout) {
-  return std::max(std::chrono::milliseconds(1), std::min(timeout, kMaxTimeout));
+  // Not positive: what an overflow upstream leaves of a huge timeout (torch wraps timedelta.max).
+  return timeout.count() <= 0 ? kMaxTimeout : std::min(timeout, kMaxTimeout);
 }
 
 void Communicator::setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(clampTimeout(timeout).count()); }
@@ -110,6 +111,12 @@ void Communicator::rejectCollective(const std::string& message) {
   // No beginOp: frames the peers already sent for this op must not turn this rank's report into
   // a mismatch message, since the reason is the input, which the peers should read.
   const uint64_t seq = ++seq_;
+  // The peers may be in a step of this op in shared memory, which this rank never joins: their
+  // published flags would pair with this rank's next op. The group leaves shared memory first.
+  if (shm_ && !shmBroken_) {
+    shm_->abandon(seq + 1);
+    shmBroken_ = true;
+  }
   transport_->reportFailure(seq, message);
   transport_->retire(seq, false);
 }
@@ -299,7 +306,7 @@ void Communicator::shutdown() {
   // inside a task (a completion callback) there is nothing to wait for: the tasks behind it cannot
   // run before it returns.
   const auto grace = std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(30));
-  if (!tasks_->insideTask() && !drain(grace)) {
+  if (!tasks_->insideTask() && !tasks_->onOwnThread() && !drain(grace)) {
     logger_.warn("shutdown: ops still pending after the grace period; aborting them");
   }
   abort("the process group was shut down");
@@ -696,9 +703,14 @@ std::shared_ptr<Request> Communicator::recv(void* data, size_t nbytes, int peer,
 
 void Communicator::onComplete(const std::shared_ptr<Request>& request, std::function<void()> callback) {
   std::weak_ptr<TaskQueue> completions = completions_;
+  std::weak_ptr<TaskQueue> tasks = tasks_;
   transport::Transport* transport = transport_.get();  // alive while it completes requests
-  request->onDone([completions, transport, callback = std::move(callback)] {
-    if (!transport->onIoThread()) return callback();
+  request->onDone([completions, tasks, transport, callback = std::move(callback)] {
+    // Not on the event loop, and not in the middle of a collective that read this frame off its
+    // socket either: a callback that issued an op there would run it nested, out of step.
+    const auto worker = tasks.lock();
+    const bool inCollective = worker && (worker->insideTask() || worker->onOwnThread());
+    if (!transport->onIoThread() && !inCollective) return callback();
     if (auto queue = completions.lock()) return queue->post(callback);
     callback();
   });
@@ -711,8 +723,11 @@ void Communicator::waitPointToPoint(const std::shared_ptr<Request>& request, con
   try {
     transport_->wait(request, deadline, strCat(prefix(), " ", what));
   } catch (const TimeoutError& e) {
-    transport_->cancel(request, Clock::now() + std::chrono::seconds(5));
-    throw TimeoutError(strCat(e.what(), " after ", timeout.count(), " ms"));
+    const TimeoutError error(strCat(e.what(), " after ", timeout.count(), " ms"));
+    // Detached (or done meanwhile): failing it now runs its callback, which would otherwise hold
+    // its Work (and the Work the request) forever, and keeps a late copy out of the caller's tensor.
+    if (transport_->cancel(request, Clock::now() + std::chrono::seconds(5))) request->fail(std::make_exception_ptr(error));
+    throw error;
   }
 }
 

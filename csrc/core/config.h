@@ -78,7 +78,7 @@ struct Config {
   std::chrono::milliseconds tcpLinger{10};
   // Bytes of frames that arrived before their receive was posted that a rank holds per peer, at
   // most; a peer that sends more is failed with an error saying so.
-  uint64_t unexpectedBytes = uint64_t{1} << 30;
+  uint64_t unexpectedBytes = uint64_t{4} << 30;
   // When set, fp32 all-reduce (SUM/AVG), reduce-scatter and all-gather travel compressed.
   std::optional<codecs::Codec> compression;
   LogLevel logLevel = LogLevel::kWarn;

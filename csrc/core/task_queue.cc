@@ -31,7 +31,10 @@ TaskQueue::TaskQueue(std::string prefix, std::string name, Logger logger)
 std::shared_ptr<TaskQueue> TaskQueue::start(std::string prefix, std::string name, Logger logger) {
   std::shared_ptr<TaskQueue> queue(new TaskQueue(std::move(prefix), std::move(name), std::move(logger)));
   // The thread holds the queue too: it may outlive the communicator that stopped it from inside.
+  // The id is set before the thread may run a task: loop() waits for a task, and none is queued
+  // before start() returns.
   queue->thread_ = std::thread([self = queue] { self->loop(); });
+  queue->threadId_ = queue->thread_.get_id();
   return queue;
 }
 
@@ -156,13 +159,12 @@ void TaskQueue::stop() {
     stopping_ = true;
   }
   queueCv_.notify_all();
+  // From the thread itself, or from a task that runs inline (the thread may wait for its turn
+  // behind it): joining would wait for ourselves. Another stop() may hold joinMutex_ already,
+  // joining the thread that called this one: take neither.
+  if (onOwnThread() || insideTask()) return;
   std::lock_guard<std::mutex> lock(joinMutex_);  // shutdown and abort may both stop it
-  if (!thread_.joinable()) return;
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();  // it ends by itself after the task that called this
-  } else {
-    thread_.join();
-  }
+  if (thread_.joinable()) thread_.join();
 }
 
 }  // namespace pycomm

@@ -40,10 +40,13 @@ class TaskQueue : public std::enable_shared_from_this<TaskQueue> {
   // Waits until every queued task ran, or `timeout` passes (then returns false).
   bool drain(std::chrono::milliseconds timeout);
   // Takes no more tasks (post() still), runs those queued, then ends the thread: joined, unless
-  // called from it, which then ends once the current task returns. Idempotent.
+  // called from it or from inside a task running inline (the thread then ends by itself once the
+  // current task returns; whoever drops the queue last joins or detaches it). Idempotent.
   void stop();
-  // Whether this thread is running one of this queue's tasks.
+  // Whether this thread is running one of this queue's tasks (inline on a caller's thread, too).
   bool insideTask() const;
+  // Whether this thread is the queue's own (inside a task or not, say while a task's captures go).
+  bool onOwnThread() const { return std::this_thread::get_id() == threadId_; }
 
  private:
   TaskQueue(std::string prefix, std::string name, Logger logger);
@@ -63,6 +66,7 @@ class TaskQueue : public std::enable_shared_from_this<TaskQueue> {
   bool exited_ = false;    // the thread left its loop: post() runs tasks itself
   std::mutex joinMutex_;
   std::thread thread_;
+  std::thread::id threadId_;  // set once, before any task can run
 };
 
 }  // namespace pycomm

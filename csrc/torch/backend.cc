@@ -75,6 +75,26 @@ struct ReduceSpec {
   bool average = false;
 };
 
+// What the outermost collective override on this thread has done so far (rejectOnPeers): an op
+// staged through host memory runs the CPU override again inside it.
+struct OverrideCall {
+  int depth = 0;
+  bool submitted = false;    // a Work was queued: the op takes its sequence number there
+  bool deviceRoute = false;  // ncclFor ran: its decision or the NCCL op is the op's
+};
+thread_local OverrideCall overrideCall;
+
+// Opened first in each collective override; the outermost one starts a fresh OverrideCall.
+class OverrideScope {
+ public:
+  OverrideScope() {
+    if (overrideCall.depth++ == 0) overrideCall = OverrideCall{1, false, false};
+  }
+  ~OverrideScope() { --overrideCall.depth; }
+  OverrideScope(const OverrideScope&) = delete;
+  OverrideScope& operator=(const OverrideScope&) = delete;
+};
+
 class Validator {
  public:
   Validator(int rank, int size, const char* op) : rank_(rank), size_(size), op_(op) {}
@@ -98,6 +118,9 @@ class Validator {
         anyCpu = true;
         continue;
       }
+      // A CUDA op may go to NCCL, which takes no CPU sequence number: no reject (rejectOnPeers)
+      // unless ncclFor says the op is staged.
+      overrideCall.deviceRoute = true;
       TORCH_CHECK_VALUE(t.device().is_cuda(), where(), "got a tensor on ", t.device(),
                         "; pycomm supports CPU and CUDA tensors");
       TORCH_CHECK_VALUE(t.layout() == at::kStrided, where(), "sparse tensors are not supported");
@@ -345,26 +368,6 @@ std::vector<at::Tensor> allOf(std::initializer_list<std::vector<at::Tensor>> lis
   }
   return all;
 }
-
-// What the outermost collective override on this thread has done so far (rejectOnPeers): an op
-// staged through host memory runs the CPU override again inside it.
-struct OverrideCall {
-  int depth = 0;
-  bool submitted = false;    // a Work was queued: the op takes its sequence number there
-  bool deviceRoute = false;  // ncclFor ran: its decision or the NCCL op is the op's
-};
-thread_local OverrideCall overrideCall;
-
-// Opened first in each collective override; the outermost one starts a fresh OverrideCall.
-class OverrideScope {
- public:
-  OverrideScope() {
-    if (overrideCall.depth++ == 0) overrideCall = OverrideCall{1, false, false};
-  }
-  ~OverrideScope() { --overrideCall.depth; }
-  OverrideScope(const OverrideScope&) = delete;
-  OverrideScope& operator=(const OverrideScope&) = delete;
-};
 
 // Set by runStaged for the submit() of the op it runs, on the same thread.
 thread_local std::shared_ptr<DeviceStaging> pendingStaging;
@@ -658,6 +661,7 @@ std::shared_ptr<cuda::NcclComm> PycommBackend::ncclFor(c10::Device device) {
   (void)device;
   TORCH_CHECK(comm_->config().deviceTransport != DeviceTransport::kNccl, "pycomm [rank ", rank_, "/", size_,
               "] cuda_transport=nccl, but this build of pycomm has no CUDA (pycomm.cuda_available() is False)");
+  overrideCall.deviceRoute = false;  // always staged in this build: the CPU transports carry it
   return nullptr;
 #endif
 }

@@ -20,6 +20,9 @@ namespace {
 constexpr uint64_t kWakeupTag = ~uint64_t{0};
 constexpr uint64_t kListenerTag = ~uint64_t{0} - 1;
 constexpr size_t kMaxErrorText = 64 * 1024;
+// Failure reports held for ops this rank has not retired yet; a few per op in flight is the most a
+// sane peer sends.
+constexpr size_t kMaxFailedSeqs = 4096;
 constexpr size_t kMaxIov = 32;
 // Receives up to this size are read by the waiting thread. Longer ones stay with the loop thread,
 // which then receives the next chunk of a pipelined schedule while the caller reduces this one.
@@ -970,6 +973,7 @@ void TcpTransport::onPayload(Peer& peer) {
   peer.payloadGot = 0;
   peer.target = ReadTarget::kNone;
   std::vector<Completion> completions;
+  std::string refused;
   switch (target) {
     case ReadTarget::kRequest: {
       std::shared_ptr<Request> request;
@@ -1012,6 +1016,12 @@ void TcpTransport::onPayload(Peer& peer) {
         break;
       }
       const std::string message = strCat(context(), " peer ", peer.rank, " reported a failure: ", text);
+      if (failedSeqs_.size() >= kMaxFailedSeqs) {
+        // Reports for ops far ahead of this rank, without end: a peer gone wrong, not a failure.
+        refused = strCat(context(), " peer ", peer.rank, " reported failures of ", failedSeqs_.size(),
+                         " ops this rank has not finished; connection closed");
+        break;
+      }
       failedSeqs_.emplace(h.seq, message);
       failPostedSeqLocked(h.seq, remoteError(message), completions);
       break;
@@ -1020,6 +1030,7 @@ void TcpTransport::onPayload(Peer& peer) {
       break;
   }
   finish(completions);
+  if (!refused.empty()) failPeer(peer, remoteError(refused));
 }
 
 void TcpTransport::handleWritable(Peer& peer) {

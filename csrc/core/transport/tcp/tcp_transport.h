@@ -37,7 +37,7 @@ struct TcpOptions {
   std::chrono::milliseconds linger{10};
   // At most this many bytes of frames nobody posted a receive for yet (sent ahead, or a peer
   // misbehaving) are held per peer; past it the peer is failed (Config::unexpectedBytes).
-  uint64_t unexpectedBytes = uint64_t{1} << 30;
+  uint64_t unexpectedBytes = uint64_t{4} << 30;
   Logger logger;
 };
 
