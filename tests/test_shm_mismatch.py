@@ -158,3 +158,32 @@ def test_a_failure_seen_by_some_ranks_does_not_split_the_transport(pycomm: Modul
     ]
     assert "mismatched" in results[2]["alltoall"], results[2]
     assert not problems, "\n".join(problems)
+
+
+def _rejected_shm_op_worker(rank: int, world: int) -> dict[str, Any]:
+    """Rank 0's all_gather is rejected by its own input check (a wrong-length output list) while
+    the peers run theirs in shared memory; then every rank goes on at once."""
+    n = 1000
+    res: dict[str, Any] = {}
+    outs = [torch.empty(n) for _ in range(world + (1 if rank == 0 else 0))]
+    start = time.monotonic()
+    try:
+        dist.all_gather(outs, torch.ones(n))
+        res["gather"] = "ok"
+    except Exception as exc:  # noqa: BLE001
+        res["gather"] = f"{type(exc).__name__}: {exc}"
+    res["gather_elapsed"] = time.monotonic() - start
+    res["first"] = _checked_all_reduce(rank, world)
+    res["second"] = _checked_all_reduce(rank, world)
+    return res
+
+
+def test_an_op_rejected_on_one_rank_while_the_others_run_it_in_shared_memory(pycomm: ModuleType) -> None:
+    results = run_ranks(_rejected_shm_op_worker, 3, backend="pycomm", timeout_s=120, pg_timeout_s=PG_TIMEOUT_S)
+    assert results[0]["gather"].startswith("ValueError"), results[0]
+    problems = [
+        f"rank {rank}: {res}"
+        for rank, res in enumerate(results)
+        if res["gather"] == "ok" or res["gather_elapsed"] > 2.0 or res["second"]["outcome"] != "ok"
+    ]
+    assert not problems, "\n".join(problems)
