@@ -77,7 +77,7 @@ GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store
     Endpoint endpoint = Endpoint::parse(std::string(text.begin(), text.end()));
     const std::string what = strCat("[rank ", rank, "/", size, "] connecting to peer ", peer, " at ",
                                     endpoint.str());
-    Socket socket = connectTo(endpoint, deadline);
+    Socket socket = connectTo(endpoint, deadline, what);
     Hello hello{kHelloMagic, kHelloVersion, token, rank, peer};
     socket.sendAll(&hello, sizeof hello, deadline, what);
     int32_t ack = -1;

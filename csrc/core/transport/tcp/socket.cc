@@ -108,7 +108,7 @@ std::string Socket::peerAddress() const {
   return formatAddress(addr);
 }
 
-void Socket::sendAll(const void* data, size_t nbytes, Deadline deadline, const std::string& what) {
+Socket::Io Socket::trySendAll(const void* data, size_t nbytes, Deadline deadline, std::string* error) {
   const auto* p = static_cast<const uint8_t*>(data);
   while (nbytes > 0) {
     ssize_t n = ::send(fd_, p, nbytes, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -118,20 +118,31 @@ void Socket::sendAll(const void* data, size_t nbytes, Deadline deadline, const s
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    PYCOMM_CHECK(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), RemoteError, what,
-                 ": send failed: ", errnoText(errno));
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      if (error != nullptr) *error = "send failed: " + errnoText(errno);
+      return Io::kClosed;
+    }
     pollfd pfd{fd_, POLLOUT, 0};
-    int rc = ::poll(&pfd, 1, msUntil(deadline));
-    PYCOMM_CHECK(rc > 0, TimeoutError, what, ": timed out sending");
+    const int rc = ::poll(&pfd, 1, msUntil(deadline));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) {
+      if (error != nullptr) *error = "timed out sending";
+      return Io::kTimedOut;
+    }
   }
+  return Io::kDone;
 }
 
-void Socket::recvAll(void* data, size_t nbytes, Deadline deadline, const std::string& what) {
+Socket::Io Socket::tryRecvAll(void* data, size_t nbytes, Deadline deadline, std::string* error) {
   auto* p = static_cast<uint8_t*>(data);
   while (nbytes > 0) {
     pollfd pfd{fd_, POLLIN, 0};
-    int rc = ::poll(&pfd, 1, msUntil(deadline));
-    PYCOMM_CHECK(rc > 0, TimeoutError, what, ": timed out receiving");
+    const int rc = ::poll(&pfd, 1, msUntil(deadline));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) {
+      if (error != nullptr) *error = "timed out receiving";
+      return Io::kTimedOut;
+    }
     ssize_t n = ::recv(fd_, p, nbytes, MSG_DONTWAIT);
     if (n > 0) {
       p += n;
@@ -139,9 +150,24 @@ void Socket::recvAll(void* data, size_t nbytes, Deadline deadline, const std::st
       continue;
     }
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    PYCOMM_CHECK(false, RemoteError, what, ": connection ",
-                 n == 0 ? std::string("closed by peer") : "failed: " + errnoText(errno));
+    if (error != nullptr) *error = n == 0 ? std::string("connection closed by peer") : "connection failed: " + errnoText(errno);
+    return Io::kClosed;
   }
+  return Io::kDone;
+}
+
+void Socket::sendAll(const void* data, size_t nbytes, Deadline deadline, const std::string& what) {
+  std::string error;
+  const Io io = trySendAll(data, nbytes, deadline, &error);
+  PYCOMM_CHECK(io != Io::kTimedOut, TimeoutError, what, ": ", error);
+  PYCOMM_CHECK(io == Io::kDone, RemoteError, what, ": ", error);
+}
+
+void Socket::recvAll(void* data, size_t nbytes, Deadline deadline, const std::string& what) {
+  std::string error;
+  const Io io = tryRecvAll(data, nbytes, deadline, &error);
+  PYCOMM_CHECK(io != Io::kTimedOut, TimeoutError, what, ": ", error);
+  PYCOMM_CHECK(io == Io::kDone, RemoteError, what, ": ", error);
 }
 
 std::string Endpoint::str() const {
@@ -179,20 +205,54 @@ Socket listenOn(const std::string& host, Endpoint* bound) {
   return s;
 }
 
-Socket connectTo(const Endpoint& endpoint, Deadline deadline) {
+namespace {
+
+// Errors after which a later attempt may succeed: the peer is not listening yet, or is shedding
+// connections, or the route is briefly missing.
+bool worthRetrying(int err) {
+  return err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR || err == ENETUNREACH || err == EHOSTUNREACH ||
+         err == EAGAIN || err == ECONNRESET || err == ECONNABORTED;
+}
+
+// One non-blocking connect, waited for until `deadline`: 0 once connected, else the errno
+// (ETIMEDOUT when the deadline came first).
+int connectOnce(const Socket& s, const sockaddr_storage& addr, socklen_t len, Deadline deadline) {
+  if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&addr), len) == 0) return 0;
+  if (errno != EINPROGRESS) return errno;
+  while (true) {
+    pollfd pfd{s.fd(), POLLOUT, 0};
+    const int rc = ::poll(&pfd, 1, msUntil(deadline));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return errno;
+    if (rc == 0) return ETIMEDOUT;
+    int err = 0;
+    socklen_t errLen = sizeof err;
+    if (getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &errLen) != 0) return errno;
+    return err;
+  }
+}
+
+}  // namespace
+
+Socket connectTo(const Endpoint& endpoint, Deadline deadline, const std::string& what) {
   sockaddr_storage addr;
   socklen_t len = makeAddress(endpoint.host, endpoint.port, &addr);
-  int lastErr = 0;
+  const auto start = std::chrono::steady_clock::now();
   auto backoff = std::chrono::milliseconds(5);
+  int attempts = 0;
   while (true) {
-    Socket s(::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    PYCOMM_CHECK(s.valid(), InternalError, "socket(): ", errnoText(errno));
-    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&addr), len) == 0) return s;
-    lastErr = errno;
-    const bool retry = lastErr == ECONNREFUSED || lastErr == ETIMEDOUT || lastErr == EINTR ||
-                       lastErr == ENETUNREACH || lastErr == EHOSTUNREACH || lastErr == EAGAIN;
-    PYCOMM_CHECK(retry && std::chrono::steady_clock::now() + backoff < deadline, TimeoutError,
-                 "cannot connect to ", endpoint.str(), ": ", errnoText(lastErr));
+    Socket s(::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    PYCOMM_CHECK(s.valid(), InternalError, what, ": socket(): ", errnoText(errno));
+    ++attempts;
+    const int err = connectOnce(s, addr, len, deadline);
+    if (err == 0) return s;
+    const auto now = std::chrono::steady_clock::now();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
+    PYCOMM_CHECK(worthRetrying(err), RemoteError, what, ": cannot connect to ", endpoint.str(), ": ",
+                 errnoText(err));
+    PYCOMM_CHECK(now + backoff < deadline, TimeoutError, what, ": cannot connect to ", endpoint.str(), " within ",
+                 waited, " ms (", attempts, attempts == 1 ? " attempt" : " attempts", ", last: ",
+                 err == ETIMEDOUT ? std::string("no answer") : errnoText(err), ")");
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }

@@ -42,9 +42,17 @@ class Socket {
   std::string localAddress() const;
   std::string peerAddress() const;
 
-  // Blocking helpers with a deadline (poll based), for the handshake.
+  // Blocking helpers with a deadline (poll based), for the handshake. They throw RemoteError
+  // (closed, reset) or TimeoutError, with `what` in front of the reason.
   void sendAll(const void* data, size_t nbytes, Deadline deadline, const std::string& what);
   void recvAll(void* data, size_t nbytes, Deadline deadline, const std::string& what);
+
+  // The same, with a lost connection and the deadline as results rather than errors: a connecting
+  // rank retries a connection its peer dropped (the peer may be shedding strangers). `error`, if
+  // given, gets the reason.
+  enum class Io { kDone, kClosed, kTimedOut };
+  Io trySendAll(const void* data, size_t nbytes, Deadline deadline, std::string* error);
+  Io tryRecvAll(void* data, size_t nbytes, Deadline deadline, std::string* error);
 
  private:
   int fd_ = -1;
@@ -59,8 +67,11 @@ struct Endpoint {
 
 // Listens on `host` (an address, not a name), port chosen by the kernel.
 Socket listenOn(const std::string& host, Endpoint* bound);
-// Connects, retrying refused connections until `deadline`.
-Socket connectTo(const Endpoint& endpoint, Deadline deadline);
+// Connects, retrying refused and unreachable until `deadline`, and never waiting past it: a
+// blocking connect() whose SYNs are dropped would wait ~2 minutes whatever the deadline. Throws
+// TimeoutError (RemoteError for an error no retry can mend) with `what` in front.
+// The socket returned is non-blocking.
+Socket connectTo(const Endpoint& endpoint, Deadline deadline, const std::string& what);
 
 // The local address the kernel would use to reach `host` (no packet is sent).
 std::string localAddressToward(const std::string& host);
