@@ -1,13 +1,16 @@
-// Group setup over TCP, without torch: connectTo's deadline when SYNs go unanswered.
+// Group setup over TCP, without torch: SHA-256 and HMAC-SHA256 against the published vectors, and
+// connectTo's deadline when SYNs go unanswered.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/transport/tcp/sha256.h"
 #include "core/transport/tcp/socket.h"
 #include "harness.h"
 
@@ -23,6 +27,85 @@ namespace {
 using namespace pycomm;
 using namespace pycomm::transport::tcp;
 using Clock = std::chrono::steady_clock;
+
+std::string hex(const uint8_t* p, size_t n) {
+  static const char* const kDigits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += kDigits[p[i] >> 4];
+    out += kDigits[p[i] & 15];
+  }
+  return out;
+}
+
+std::string hex(const Digest& d) { return hex(d.data(), d.size()); }
+
+std::vector<uint8_t> repeated(uint8_t byte, size_t n) { return std::vector<uint8_t>(n, byte); }
+std::vector<uint8_t> bytesOf(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+
+// FIPS 180-4 examples (as RFC 6234 lists them), fed whole and in uneven pieces.
+void testSha256Vectors() {
+  const std::pair<std::string, std::string> vectors[] = {
+      {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+      {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+      {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+       "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+      {"abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu",
+       "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"},
+  };
+  for (const auto& [message, expected] : vectors) {
+    EXPECT_TRUE(hex(sha256(message.data(), message.size())) == expected, "sha256(\"", message, "\")");
+    Sha256 pieces;
+    for (size_t at = 0, step = 1; at < message.size(); at += step, step = step * 2 + 1) {
+      pieces.update(message.data() + at, std::min(step, message.size() - at));
+    }
+    EXPECT_TRUE(hex(pieces.finish()) == expected, "sha256 in pieces of \"", message, "\"");
+  }
+  Sha256 million;
+  const std::string thousand(1000, 'a');
+  for (int i = 0; i < 1000; ++i) million.update(thousand.data(), thousand.size());
+  EXPECT_TRUE(hex(million.finish()) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0",
+              "sha256 of a million 'a'");
+  // Every length around the padding boundaries (55, 56, 63, 64 bytes) gives a distinct digest.
+  std::vector<std::string> seen;
+  for (size_t n = 50; n < 70; ++n) {
+    const std::string m(n, 'x');
+    seen.push_back(hex(sha256(m.data(), m.size())));
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_TRUE(std::unique(seen.begin(), seen.end()) == seen.end(), "digests collide around the padding boundary");
+}
+
+// RFC 4231, test cases 1-7 (case 5 compares the first 128 bits, as the RFC does).
+void testHmacVectors() {
+  std::vector<uint8_t> key4;
+  for (uint8_t b = 1; b <= 25; ++b) key4.push_back(b);
+  const struct {
+    std::vector<uint8_t> key, data;
+    std::string expected;
+  } vectors[] = {
+      {repeated(0x0b, 20), bytesOf("Hi There"), "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"},
+      {bytesOf("Jefe"), bytesOf("what do ya want for nothing?"),
+       "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+      {repeated(0xaa, 20), repeated(0xdd, 50), "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"},
+      {key4, repeated(0xcd, 50), "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"},
+      {repeated(0x0c, 20), bytesOf("Test With Truncation"), "a3b6167473100ee06e0c796c2955552b"},
+      {repeated(0xaa, 131), bytesOf("Test Using Larger Than Block-Size Key - Hash Key First"),
+       "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
+      {repeated(0xaa, 131),
+       bytesOf("This is a test using a larger than block-size key and a larger than block-size data. The key needs "
+               "to be hashed before being used by the HMAC algorithm."),
+       "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"},
+  };
+  int index = 1;
+  for (const auto& v : vectors) {
+    HmacSha256 mac(v.key.data(), v.key.size());
+    mac.update(v.data.data(), v.data.size());
+    const std::string got = hex(mac.finish()).substr(0, v.expected.size());
+    EXPECT_TRUE(got == v.expected, "RFC 4231 case ", index, ": ", got);
+    ++index;
+  }
+}
 
 double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -99,9 +182,53 @@ void testConnectHonoursItsDeadline() {
   });
 }
 
+void testConnectRetriesUntilTheListenerAppears() {
+  // A port nobody listens on yet: refused, retried, then connected once a listener binds it.
+  Endpoint endpoint;
+  Socket probe = listenOn("127.0.0.1", &endpoint);
+  probe.close();
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    Endpoint again;
+    Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    int one = 1;
+    setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(endpoint.port);
+    if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(s.fd(), 4) != 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // connected by then: the backlog holds it
+  });
+  const auto start = Clock::now();
+  std::string outcome = "connected";
+  try {
+    Socket s = connectTo(endpoint, start + std::chrono::seconds(3), "test");
+  } catch (const std::exception& e) {
+    outcome = e.what();
+  }
+  late.join();
+  EXPECT_TRUE(outcome == "connected", outcome);
+  // Nobody ever listens: the deadline ends it, and the error says what was tried.
+  probe = listenOn("127.0.0.1", &endpoint);
+  probe.close();
+  try {
+    Socket s = connectTo(endpoint, Clock::now() + std::chrono::milliseconds(300), "[rank 1/2] connecting to peer 0");
+    outcome = "connected";
+  } catch (const TimeoutError& e) {
+    outcome = e.what();
+  }
+  EXPECT_TRUE(outcome.find("[rank 1/2] connecting to peer 0") != std::string::npos &&
+                  outcome.find("refused") != std::string::npos,
+              outcome);
+}
+
 }  // namespace
 
 int main() {
+  testSha256Vectors();
+  testHmacVectors();
   testConnectHonoursItsDeadline();
+  testConnectRetriesUntilTheListenerAppears();
   return pycomm::testing::finish("test_handshake");
 }

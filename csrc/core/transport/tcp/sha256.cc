@@ -1,0 +1,146 @@
+#include "sha256.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace pycomm::transport::tcp {
+namespace {
+
+// FIPS 180-4, 4.2.2: the first 32 bits of the fractional parts of the cube roots of the first 64
+// primes.
+constexpr uint32_t kRound[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+uint32_t loadBigEndian(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+void storeBigEndian(uint32_t v, uint8_t* p) {
+  p[0] = static_cast<uint8_t>(v >> 24);
+  p[1] = static_cast<uint8_t>(v >> 16);
+  p[2] = static_cast<uint8_t>(v >> 8);
+  p[3] = static_cast<uint8_t>(v);
+}
+
+}  // namespace
+
+Sha256::Sha256()
+    // FIPS 180-4, 5.3.3: the fractional parts of the square roots of the first 8 primes.
+    : state_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+
+void Sha256::compress(const uint8_t* block) {
+  uint32_t w[64];
+  for (int t = 0; t < 16; ++t) w[t] = loadBigEndian(block + 4 * t);
+  for (int t = 16; t < 64; ++t) {
+    const uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+    const uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+    w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+  }
+  uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3];
+  uint32_t e = state_[4], f = state_[5], g = state_[6], h = state_[7];
+  for (int t = 0; t < 64; ++t) {
+    const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[t] + w[t];
+    const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+    h = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = c;
+    c = b;
+    b = a;
+    a = t1 + t2;
+  }
+  state_[0] += a;
+  state_[1] += b;
+  state_[2] += c;
+  state_[3] += d;
+  state_[4] += e;
+  state_[5] += f;
+  state_[6] += g;
+  state_[7] += h;
+}
+
+void Sha256::update(const void* data, size_t nbytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  totalBytes_ += nbytes;
+  while (nbytes > 0) {
+    if (buffered_ == 0 && nbytes >= kBlockBytes) {
+      compress(p);
+      p += kBlockBytes;
+      nbytes -= kBlockBytes;
+      continue;
+    }
+    const size_t take = std::min(nbytes, kBlockBytes - buffered_);
+    std::memcpy(buffer_.data() + buffered_, p, take);
+    buffered_ += take;
+    p += take;
+    nbytes -= take;
+    if (buffered_ == kBlockBytes) {
+      compress(buffer_.data());
+      buffered_ = 0;
+    }
+  }
+}
+
+Digest Sha256::finish() {
+  // FIPS 180-4, 5.1.1: a 1 bit, zeros up to 56 mod 64 bytes, then the length in bits (big endian).
+  const uint64_t bits = totalBytes_ * 8;
+  const uint8_t one = 0x80, zero = 0;
+  update(&one, 1);
+  while (buffered_ != kBlockBytes - 8) update(&zero, 1);
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(bits >> (56 - 8 * i));
+  update(length, sizeof length);
+  Digest digest;
+  for (int i = 0; i < 8; ++i) storeBigEndian(state_[i], digest.data() + 4 * i);
+  return digest;
+}
+
+Digest sha256(const void* data, size_t nbytes) {
+  Sha256 hash;
+  hash.update(data, nbytes);
+  return hash.finish();
+}
+
+HmacSha256::HmacSha256(const void* key, size_t keyBytes) {
+  // RFC 2104: a key longer than a block is hashed first; shorter ones are padded with zeros.
+  std::array<uint8_t, Sha256::kBlockBytes> block{};
+  if (keyBytes > block.size()) {
+    const Digest hashed = sha256(key, keyBytes);
+    std::memcpy(block.data(), hashed.data(), hashed.size());
+  } else if (keyBytes > 0) {
+    std::memcpy(block.data(), key, keyBytes);
+  }
+  std::array<uint8_t, Sha256::kBlockBytes> innerPad;
+  for (size_t i = 0; i < block.size(); ++i) {
+    innerPad[i] = static_cast<uint8_t>(block[i] ^ 0x36);
+    outerPad_[i] = static_cast<uint8_t>(block[i] ^ 0x5c);
+  }
+  inner_.update(innerPad.data(), innerPad.size());
+}
+
+Digest HmacSha256::finish() {
+  const Digest innerDigest = inner_.finish();
+  Sha256 outer;
+  outer.update(outerPad_.data(), outerPad_.size());
+  outer.update(innerDigest.data(), innerDigest.size());
+  return outer.finish();
+}
+
+bool equalInConstantTime(const uint8_t* a, const uint8_t* b, size_t nbytes) {
+  uint8_t diff = 0;
+  for (size_t i = 0; i < nbytes; ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace pycomm::transport::tcp
