@@ -3,6 +3,7 @@ that is not a well-formed frame header or an exact handshake of this group is re
 
 from __future__ import annotations
 
+import hmac
 import struct
 
 from hypothesis import given, settings
@@ -11,10 +12,11 @@ from hypothesis import strategies as st
 from pycomm import _C
 
 HEADER = struct.Struct("<IBBBBBBBBiQIIQQ")  # the 48-byte FrameHeader, field by field
-HELLO = struct.Struct("<II16sii")
+HELLO = struct.Struct("<IIii16s32s")  # magic, version, fromRank, toRank, connector nonce, HMAC
 FRAME_MAGIC = 0x4D435950
 HELLO_MAGIC = 0x48435950
 TOKEN = bytes(range(16))
+NONCE = bytes(range(100, 116))  # the challenge the accepting rank sent
 
 
 def header(**fields: int) -> bytes:
@@ -50,18 +52,35 @@ def test_mutated_headers_are_judged_field_by_field(kind: int, channel: int, op: 
     assert (verdict == "") == well_formed, verdict
 
 
+def hello(token: bytes, nonce: bytes, from_rank: int, to_rank: int, version: int = 2) -> bytes:
+    own = bytes(range(50, 66))
+    mac = hmac.new(token, b"pycomm-hello" + nonce + own + struct.pack("<ii", from_rank, to_rank), "sha256").digest()
+    return HELLO.pack(HELLO_MAGIC, version, from_rank, to_rank, own, mac)
+
+
 def test_a_valid_hello_is_accepted_once_addressed_right() -> None:
-    good = HELLO.pack(HELLO_MAGIC, 1, TOKEN, 3, 1)
-    assert _C._check_hello(good, TOKEN, 1, 4) == ""
-    assert "token" in _C._check_hello(HELLO.pack(HELLO_MAGIC, 1, bytes(16), 3, 1), TOKEN, 1, 4)
-    assert _C._check_hello(HELLO.pack(HELLO_MAGIC, 1, TOKEN, 3, 2), TOKEN, 1, 4) != ""  # addressed to rank 2
-    assert _C._check_hello(HELLO.pack(HELLO_MAGIC, 1, TOKEN, 0, 1), TOKEN, 1, 4) != ""  # a lower rank
-    assert _C._check_hello(HELLO.pack(HELLO_MAGIC, 1, TOKEN, 4, 1), TOKEN, 1, 4) != ""  # outside the group
+    good = hello(TOKEN, NONCE, 3, 1)
+    assert _C._check_hello(good, TOKEN, NONCE, 1, 4) == ""
+    assert "token" in _C._check_hello(hello(bytes(16), NONCE, 3, 1), TOKEN, NONCE, 1, 4)
+    assert "replayed" in _C._check_hello(good, TOKEN, bytes(16), 1, 4)  # the answer to another challenge
+    assert "version 9" in _C._check_hello(hello(TOKEN, NONCE, 3, 1, version=9), TOKEN, NONCE, 1, 4)
+    assert "addressed to rank 2" in _C._check_hello(hello(TOKEN, NONCE, 3, 2), TOKEN, NONCE, 1, 4)
+    assert "claims to be rank 0" in _C._check_hello(hello(TOKEN, NONCE, 0, 1), TOKEN, NONCE, 1, 4)  # a lower rank
+    assert "claims to be rank 4" in _C._check_hello(hello(TOKEN, NONCE, 4, 1), TOKEN, NONCE, 1, 4)  # outside
+    old = struct.pack("<II16sii", HELLO_MAGIC, 1, TOKEN, 3, 1)  # version 1 carried the token itself
+    assert _C._check_hello(old + bytes(HELLO.size - len(old)), TOKEN, NONCE, 1, 4) != ""
 
 
 @settings(max_examples=3000, deadline=None)
-@given(st.binary(min_size=0, max_size=64), st.integers(0, 7), st.integers(1, 8))
+@given(st.binary(min_size=0, max_size=96), st.integers(0, 7), st.integers(1, 8))
 def test_arbitrary_handshakes_are_rejected(raw: bytes, rank: int, size: int) -> None:
-    verdict = _C._check_hello(raw, TOKEN, rank, size)
-    if len(raw) != HELLO.size or raw[8:24] != TOKEN:
-        assert verdict != ""
+    # Without the token nothing passes: the HMAC is 256 bits.
+    assert _C._check_hello(raw, TOKEN, NONCE, rank, size) != ""
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, HELLO.size - 1), st.integers(1, 255))
+def test_any_edited_byte_of_a_valid_hello_is_rejected(at: int, flip: int) -> None:
+    good = bytearray(hello(TOKEN, NONCE, 3, 1))
+    good[at] ^= flip
+    assert _C._check_hello(bytes(good), TOKEN, NONCE, 1, 4) != ""

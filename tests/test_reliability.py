@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import glob
+import hmac
 import multiprocessing
 import os
 import random
@@ -814,12 +815,30 @@ def test_failure_seen_on_another_socket_wakes_a_waiting_reader(pycomm: ModuleTyp
 # ============================================================================================
 # 3. Strangers on a rank's listening port, during setup and while the group runs.
 
-# The wire formats, as csrc/core/transport/tcp/handshake.h and transport/frame.h define them.
-_HELLO = struct.Struct("<II16sii")  # magic, version, token, fromRank, toRank
+# The wire formats, as csrc/core/transport/tcp/hello.h and transport/frame.h define them. The
+# handshake: the accepting rank sends a challenge (its nonce); the connector answers with a hello
+# carrying an HMAC-SHA256 of the group token over both nonces and both ranks; the acceptor answers
+# with a welcome carrying its own HMAC. The token never crosses the wire.
 _HELLO_MAGIC = 0x48435950
+_HELLO_VERSION = 2
+_CHALLENGE = struct.Struct("<II16s")  # magic, version, acceptor nonce
+_HELLO = struct.Struct("<IIii16s32s")  # magic, version, fromRank, toRank, connector nonce, mac
+_HELLO_V1 = struct.Struct("<II16sii")  # the old hello: magic, version, token, fromRank, toRank
 _FRAME = struct.Struct("<IBBBBBBBBiQIIQQ")  # magic .. root, seq, slot, reserved2, count, nbytes
 _FRAME_MAGIC = 0x4D435950
-assert _HELLO.size == 32 and _FRAME.size == 48
+assert _CHALLENGE.size == 24 and _HELLO.size == 64 and _FRAME.size == 48
+_CHALLENGE_PREFIX = struct.pack("<II", _HELLO_MAGIC, _HELLO_VERSION)
+
+# A payload is bytes, or a function of the rank's challenge nonce (a reply to the challenge).
+Payload = bytes | Callable[[bytes], bytes]
+
+
+def _hello_for(token: bytes, nonce: bytes, from_rank: int, to_rank: int, version: int = _HELLO_VERSION) -> bytes:
+    """A hello answering the challenge `nonce`, made with `token` (right or wrong)."""
+    own = os.urandom(16)
+    transcript = b"pycomm-hello" + nonce + own + struct.pack("<ii", from_rank, to_rank)
+    mac = hmac.new(token, transcript, "sha256").digest()
+    return _HELLO.pack(_HELLO_MAGIC, version, from_rank, to_rank, own, mac)
 
 
 def _frame_header(nbytes: int) -> bytes:
@@ -827,44 +846,82 @@ def _frame_header(nbytes: int) -> bytes:
     return _FRAME.pack(_FRAME_MAGIC, 1, 1, 1, 1, 0, 0, 0, 0, -1, 1, 0, 0, 1, nbytes)
 
 
-def _stranger_payloads(token: bytes | None) -> dict[str, bytes]:
+def _stranger_payloads(token: bytes | None) -> dict[str, Payload]:
     garbage = os.urandom(512)
     while garbage[:4] in (struct.pack("<I", _HELLO_MAGIC), struct.pack("<I", _FRAME_MAGIC)):
         garbage = os.urandom(512)
-    payloads = {
+    payloads: dict[str, Payload] = {
         "garbage": garbage,
-        "wrong_token_hello": _HELLO.pack(_HELLO_MAGIC, 1, os.urandom(16), 1, 0),
+        "wrong_token_hello": lambda nonce: _hello_for(os.urandom(16), nonce, 1, 0),
+        "old_version_hello": _HELLO_V1.pack(_HELLO_MAGIC, 1, os.urandom(16), 1, 0),
         "huge_length_header": _frame_header(2**63 + 5) + os.urandom(64),
         "huge_legal_length_header": _frame_header(1 << 40) + os.urandom(64),
         "http_request": b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
     }
     if token is not None:  # someone who read the store: right token, impossible ranks
-        payloads["right_token_rank_out_of_range"] = _HELLO.pack(_HELLO_MAGIC, 1, token, 7, 0)
-        payloads["right_token_addressed_elsewhere"] = _HELLO.pack(_HELLO_MAGIC, 1, token, 1, 5)
-        payloads["right_token_bad_version"] = _HELLO.pack(_HELLO_MAGIC, 9, token, 1, 0)
+        payloads["right_token_rank_out_of_range"] = lambda nonce: _hello_for(token, nonce, 7, 0)
+        payloads["right_token_addressed_elsewhere"] = lambda nonce: _hello_for(token, nonce, 1, 5)
+        payloads["right_token_bad_version"] = lambda nonce: _hello_for(token, nonce, 1, 0, version=9)
     return payloads
 
 
 def _await_close(sock: socket.socket, timeout: float) -> str:
-    """What the rank did with the connection: 'closed' (EOF/reset), 'open' or 'answered ...'."""
+    """What the rank did with the connection: 'closed' (EOF/reset), 'open' or 'answered ...'.
+    A challenge the rank sent on accepting (not yet read) is not an answer."""
     sock.settimeout(timeout)
+    got = b""
     try:
-        data = sock.recv(64)
+        while True:
+            data = sock.recv(64)
+            if data == b"":
+                return "closed"
+            got += data
+            head = got[: len(_CHALLENGE_PREFIX)]
+            if len(got) > _CHALLENGE.size or head != _CHALLENGE_PREFIX[: len(head)]:
+                return f"answered {got!r}"
     except (ConnectionResetError, BrokenPipeError):
         return "closed"
     except TimeoutError:
         return "open"
-    return "closed" if data == b"" else f"answered {data!r}"
 
 
-def _stranger(address: tuple[str, int], payload: bytes, timeout: float = 4.0) -> str:
-    with socket.create_connection(address, timeout=5) as sock:
-        try:
-            if payload:
-                sock.sendall(payload)
-        except (ConnectionResetError, BrokenPipeError):
+def _read_challenge(sock: socket.socket, timeout: float) -> bytes | None:
+    """The nonce of the rank's challenge; None if the rank closed the connection instead (as it
+    does after setup). A connection that stays silent gets a random nonce: the reply then fails."""
+    sock.settimeout(timeout)
+    got = b""
+    try:
+        while len(got) < _CHALLENGE.size:
+            data = sock.recv(_CHALLENGE.size - len(got))
+            if data == b"":
+                return None
+            got += data
+    except (ConnectionResetError, BrokenPipeError):
+        return None
+    except TimeoutError:
+        return os.urandom(16)
+    return got[8:24]
+
+
+def _converse(sock: socket.socket, payload: Payload, timeout: float = 4.0) -> str:
+    """Sends `payload` (replying to the challenge if it is a function) and reports what the rank
+    did with the connection."""
+    if callable(payload):
+        nonce = _read_challenge(sock, 2.0)
+        if nonce is None:
             return "closed"
-        return _await_close(sock, timeout)
+        payload = payload(nonce)
+    try:
+        if payload:
+            sock.sendall(payload)
+    except (ConnectionResetError, BrokenPipeError):
+        return "closed"
+    return _await_close(sock, timeout)
+
+
+def _stranger(address: tuple[str, int], payload: Payload, timeout: float = 4.0) -> str:
+    with socket.create_connection(address, timeout=5) as sock:
+        return _converse(sock, payload, timeout)
 
 
 def _send_and_close(address: tuple[str, int], payload: bytes) -> None:
@@ -1002,11 +1059,13 @@ def test_strangers_during_setup_are_dropped_and_group_forms(pycomm: ModuleType) 
             "silent": socket.create_connection(address, timeout=5),
             "truncated_hello": socket.create_connection(address, timeout=5),
         }
-        held["truncated_hello"].sendall(_HELLO.pack(_HELLO_MAGIC, 1, token, 1, 0)[:20])
+        nonce = _read_challenge(held["truncated_hello"], 5.0)
+        assert nonce is not None, "rank 0 closed a connection at once during setup"
+        held["truncated_hello"].sendall(_hello_for(token, nonce, 1, 0)[:20])
         outcomes: dict[str, str] = {}
         for name, payload in _stranger_payloads(token).items():
             outcomes[name] = _stranger(address, payload)
-        _send_and_close(address, _HELLO.pack(_HELLO_MAGIC, 1, token, 1, 0)[:11])
+        _send_and_close(address, _CHALLENGE_PREFIX + b"\x01\x00\x00")  # 11 bytes of a hello, then gone
         rank1_keys = [k for k in c.store().list_keys() if k.endswith("pycomm/addr/1")]
         assert not rank1_keys, (
             "rank 1 published its address before the strangers were done: the 4 s delay was "
@@ -1033,11 +1092,12 @@ def test_strangers_during_setup_are_dropped_and_group_forms(pycomm: ModuleType) 
         f"held {k}: {v} after setup (expected closed)" for k, v in held_outcomes.items() if v != "closed"
     ]
     expected_reasons = {
-        "not a pycomm handshake": 3,  # garbage, huge-length frame headers (wrong magic), http
+        "not a pycomm handshake": 4,  # garbage, both frame headers (wrong magic), http
         "wrong group token": 1,
+        "handshake version 1,": 1,
         "claims to be rank 7": 1,
         "addressed to rank 5": 1,
-        "handshake version 9": 1,
+        "handshake version 9,": 1,
         "closed before completing the handshake": 1,
         "no handshake before the group was complete": 2,
     }

@@ -148,18 +148,21 @@ PYBIND11_MODULE(_C, m) {
           std::memcpy(&header, bytes.data(), sizeof header);
           return pycomm::transport::validateHeader(header);
         }, py::arg("raw"), "Why a frame header is malformed, or an empty string.");
-  m.def("_check_hello", [](const py::bytes& raw, const py::bytes& token, int rank, int size) {
-          const std::string bytes = raw, tokenBytes = token;
-          using pycomm::transport::tcp::Hello;
-          if (bytes.size() != sizeof(Hello)) return std::string("hello must be ") + std::to_string(sizeof(Hello)) + " bytes";
-          if (tokenBytes.size() != sizeof(pycomm::transport::tcp::Token)) return std::string("bad token size");
-          Hello hello;
+  m.def("_check_hello", [](const py::bytes& raw, const py::bytes& token, const py::bytes& nonce, int rank, int size) {
+          const std::string bytes = raw, tokenBytes = token, nonceBytes = nonce;
+          namespace tcp = pycomm::transport::tcp;
+          if (bytes.size() != sizeof(tcp::Hello)) return std::string("hello must be ") + std::to_string(sizeof(tcp::Hello)) + " bytes";
+          if (tokenBytes.size() != sizeof(tcp::Token)) return std::string("bad token size");
+          if (nonceBytes.size() != sizeof(tcp::Nonce)) return std::string("bad nonce size");
+          tcp::Hello hello;
           std::memcpy(&hello, bytes.data(), sizeof hello);
-          pycomm::transport::tcp::Token t;
+          tcp::Token t;
           std::memcpy(t.data(), tokenBytes.data(), t.size());
-          return pycomm::transport::tcp::checkHello(hello, t, rank, size);
-        }, py::arg("raw"), py::arg("token"), py::arg("rank"), py::arg("size"),
-        "Why a handshake is rejected by `rank` of a group of `size`, or an empty string.");
+          tcp::Nonce n;
+          std::memcpy(n.data(), nonceBytes.data(), n.size());
+          return tcp::checkHello(hello, t, n, rank, size);
+        }, py::arg("raw"), py::arg("token"), py::arg("nonce"), py::arg("rank"), py::arg("size"),
+        "Why a handshake is rejected by `rank` of a group of `size` that sent the challenge `nonce`, or an empty string.");
   m.def("codec_encode", [](const std::string& name, const at::Tensor& x) {
           TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.device().is_cpu(), "codec_encode needs a CPU float32 tensor");
           const auto codec = pycomm::codecs::codecFromName(name);

@@ -1,5 +1,6 @@
-// Group setup over TCP, without torch: SHA-256 and HMAC-SHA256 against the published vectors, and
-// connectTo's deadline when SYNs go unanswered.
+// Group setup over TCP, without torch: SHA-256 and HMAC-SHA256 against the published vectors, the
+// handshake's messages and HelloAcceptor fed byte by byte, connectTo's deadline when SYNs go
+// unanswered, and whole groups formed by connectGroup on threads, with a stranger on the port.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/transport/tcp/handshake.h"
+#include "core/transport/tcp/hello.h"
 #include "core/transport/tcp/sha256.h"
 #include "core/transport/tcp/socket.h"
 #include "harness.h"
@@ -104,6 +107,98 @@ void testHmacVectors() {
     const std::string got = hex(mac.finish()).substr(0, v.expected.size());
     EXPECT_TRUE(got == v.expected, "RFC 4231 case ", index, ": ", got);
     ++index;
+  }
+}
+
+Token tokenOf(uint8_t first) {
+  Token t;
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint8_t>(first + i);
+  return t;
+}
+
+void testHelloMessages() {
+  const Token token = tokenOf(0), other = tokenOf(1);
+  const Nonce acceptorNonce = makeNonce(), connectorNonce = makeNonce();
+  const Hello good = makeHello(token, acceptorNonce, connectorNonce, 3, 1);
+  EXPECT_TRUE(checkHello(good, token, acceptorNonce, 1, 4).empty(), checkHello(good, token, acceptorNonce, 1, 4));
+  EXPECT_TRUE(checkChallenge(makeChallenge(acceptorNonce)).empty(), "a fresh challenge");
+
+  auto verdict = [&](const Hello& h, int self = 1, int size = 4) { return checkHello(h, token, acceptorNonce, self, size); };
+  auto contains = [](const std::string& text, const char* part) { return text.find(part) != std::string::npos; };
+  // The same hello under another challenge: a replay.
+  EXPECT_TRUE(contains(checkHello(good, token, makeNonce(), 1, 4), "replayed"), "replay accepted");
+  EXPECT_TRUE(contains(verdict(makeHello(other, acceptorNonce, connectorNonce, 3, 1)), "wrong group token"), "wrong token");
+  Hello edited = good;
+  edited.fromRank = 2;  // the ranks are covered by the MAC
+  EXPECT_TRUE(contains(verdict(edited), "authentication code"), "a hello whose rank was edited");
+  edited = good;
+  edited.nonce[0] ^= 1;
+  EXPECT_TRUE(contains(verdict(edited), "authentication code"), "a hello whose nonce was edited");
+  edited = good;
+  edited.magic = 0;
+  EXPECT_TRUE(verdict(edited) == "not a pycomm handshake", verdict(edited));
+  edited = good;
+  edited.version = 1;
+  EXPECT_TRUE(contains(verdict(edited), "handshake version 1"), verdict(edited));
+  // Right token, impossible ranks: addressed elsewhere, a lower rank, outside the group.
+  EXPECT_TRUE(contains(verdict(makeHello(token, acceptorNonce, connectorNonce, 3, 2)), "addressed to rank 2"), "to 2");
+  EXPECT_TRUE(contains(verdict(makeHello(token, acceptorNonce, connectorNonce, 0, 1)), "claims to be rank 0"), "from 0");
+  EXPECT_TRUE(contains(verdict(makeHello(token, acceptorNonce, connectorNonce, 4, 1)), "claims to be rank 4"), "from 4");
+  EXPECT_TRUE(contains(verdict(makeHello(token, acceptorNonce, connectorNonce, -1, 1)), "claims to be rank -1"), "-1");
+
+  // The welcome: right only for the hello it answers.
+  const Welcome welcome = makeWelcome(token, acceptorNonce, good);
+  EXPECT_TRUE(checkWelcome(welcome, token, acceptorNonce, good).empty(), checkWelcome(welcome, token, acceptorNonce, good));
+  EXPECT_TRUE(!checkWelcome(welcome, other, acceptorNonce, good).empty(), "a welcome under another token");
+  EXPECT_TRUE(!checkWelcome(welcome, token, makeNonce(), good).empty(), "a welcome from another connection");
+  const Hello another = makeHello(token, acceptorNonce, makeNonce(), 3, 1);
+  EXPECT_TRUE(!checkWelcome(welcome, token, acceptorNonce, another).empty(), "a welcome for another hello");
+  // A hello's MAC never serves as a welcome's.
+  Welcome reflected = welcome;
+  reflected.mac = good.mac;
+  EXPECT_TRUE(!checkWelcome(reflected, token, acceptorNonce, good).empty(), "the hello's MAC reflected");
+  Welcome wrongRank = makeWelcome(token, acceptorNonce, good);
+  wrongRank.rank = 2;
+  EXPECT_TRUE(!checkWelcome(wrongRank, token, acceptorNonce, good).empty(), "a welcome naming another rank");
+}
+
+void testHelloAcceptor() {
+  const Token token = tokenOf(7);
+  const Nonce nonce = makeNonce();
+  const Hello good = makeHello(token, nonce, makeNonce(), 2, 0);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&good);
+  {  // byte by byte
+    HelloAcceptor acceptor(token, nonce, 0, 3);
+    EXPECT_TRUE(acceptor.challenge().nonce == nonce, "the challenge carries the nonce");
+    for (size_t i = 0; i < sizeof good; ++i) {
+      EXPECT_TRUE(acceptor.state() == HelloAcceptor::State::kWaiting, "decided early at byte ", i);
+      EXPECT_TRUE(acceptor.feed(bytes + i, 1) == 1, "byte ", i, " not taken");
+    }
+    EXPECT_TRUE(acceptor.state() == HelloAcceptor::State::kAccepted, acceptor.reason());
+    EXPECT_TRUE(acceptor.peer() == 2, "peer ", acceptor.peer());
+    const Welcome w = acceptor.welcome();
+    EXPECT_TRUE(checkWelcome(w, token, nonce, good).empty(), "the acceptor's welcome");
+    EXPECT_TRUE(acceptor.wanted() == 0 && acceptor.feed(bytes, 4) == 0, "bytes past the hello taken");
+  }
+  {  // more than a hello at once: only the hello is taken
+    std::vector<uint8_t> more(bytes, bytes + sizeof good);
+    more.resize(sizeof good + 100, 0xee);
+    HelloAcceptor acceptor(token, nonce, 0, 3);
+    EXPECT_TRUE(acceptor.feed(more.data(), more.size()) == sizeof good, "took past the hello");
+    EXPECT_TRUE(acceptor.state() == HelloAcceptor::State::kAccepted, acceptor.reason());
+  }
+  {  // an HTTP request is refused on its first four bytes
+    HelloAcceptor acceptor(token, nonce, 0, 3);
+    const std::string http = "GET / HTTP/1.1\r\n";
+    acceptor.feed(reinterpret_cast<const uint8_t*>(http.data()), 4);
+    EXPECT_TRUE(acceptor.state() == HelloAcceptor::State::kRejected && acceptor.reason() == "not a pycomm handshake",
+                acceptor.reason());
+  }
+  {  // a version-1 hello is refused on its first eight bytes
+    HelloAcceptor acceptor(token, nonce, 0, 3);
+    const uint32_t old[2] = {kHelloMagic, 1};
+    acceptor.feed(reinterpret_cast<const uint8_t*>(old), sizeof old);
+    EXPECT_TRUE(acceptor.state() == HelloAcceptor::State::kRejected, "version 1 waited for more");
   }
 }
 
@@ -223,12 +318,93 @@ void testConnectRetriesUntilTheListenerAppears() {
               outcome);
 }
 
+// Every pair of a group formed by connectGroup carries bytes both ways.
+void checkPairs(std::vector<GroupSockets>& groups) {
+  const int size = static_cast<int>(groups.size());
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  for (int r = 0; r < size; ++r) {
+    for (int q = 0; q < size; ++q) {
+      if (q == r) continue;
+      EXPECT_TRUE(groups[r].peers[q].valid(), "rank ", r, " has no socket to ", q);
+      if (!groups[r].peers[q].valid() || !groups[q].peers[r].valid()) continue;
+      const int32_t sent = 100 * r + q;
+      int32_t got = -1;
+      groups[r].peers[q].sendAll(&sent, sizeof sent, deadline, "test send");
+      groups[q].peers[r].recvAll(&got, sizeof got, deadline, "test recv");
+      EXPECT_TRUE(got == sent, "rank ", q, " got ", got, " from ", r);
+    }
+  }
+}
+
+void testGroupForms(int size) {
+  pycomm::testing::MemoryStore store;
+  const Logger logger(LogLevel::kWarn, strCat("[test group of ", size, "]"));
+  std::vector<GroupSockets> groups(size);
+  pycomm::testing::runRanks(size, [&](int r) {
+    groups[r] = connectGroup(r, size, "127.0.0.1", store, std::chrono::seconds(20), logger);
+  });
+  checkPairs(groups);
+}
+
+// Rank 1 comes late; meanwhile strangers knock on rank 0: one silent, one with garbage, one with a
+// version-1 hello carrying the token, one that reads the challenge and answers for a rank that is
+// outside the group. Every one is closed, and the group forms.
+void testStrangersDuringSetup() {
+  pycomm::testing::MemoryStore store;
+  const Logger logger(LogLevel::kWarn, "[test strangers]");
+  std::vector<GroupSockets> groups(2);
+  std::vector<std::string> outcomes;
+  std::thread strangers([&] {
+    const auto addr = store.get("pycomm/addr/0", std::chrono::seconds(10));
+    const auto tokenBytes = store.get("pycomm/token", std::chrono::seconds(10));
+    Token token;
+    std::memcpy(token.data(), tokenBytes.data(), token.size());
+    const Endpoint endpoint = Endpoint::parse(std::string(addr.begin(), addr.end()));
+    const auto deadline = Clock::now() + std::chrono::seconds(8);
+    std::vector<Socket> socks;
+    for (int i = 0; i < 4; ++i) socks.push_back(connectTo(endpoint, deadline, "stranger"));
+    const std::string garbage(100, '\x5a');
+    socks[1].sendAll(garbage.data(), garbage.size(), deadline, "stranger");
+    const uint32_t v1[2] = {kHelloMagic, 1};
+    socks[2].sendAll(v1, sizeof v1, deadline, "stranger");
+    socks[2].sendAll(token.data(), token.size(), deadline, "stranger");
+    Challenge challenge{};
+    socks[3].recvAll(&challenge, sizeof challenge, deadline, "stranger");
+    const Hello outside = makeHello(token, challenge.nonce, makeNonce(), 5, 0);
+    socks[3].sendAll(&outside, sizeof outside, deadline, "stranger");
+    for (auto& s : socks) {
+      // Whatever the rank sends (its challenge) is read until it closes the connection.
+      std::string outcome = "open";
+      uint8_t buffer[64];
+      while (true) {
+        std::string error;
+        const auto io = s.tryRecvAll(buffer, 1, deadline, &error);
+        if (io == Socket::Io::kClosed) outcome = "closed";
+        if (io != Socket::Io::kDone) break;
+      }
+      outcomes.push_back(outcome);
+    }
+  });
+  pycomm::testing::runRanks(2, [&](int r) {
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    groups[r] = connectGroup(r, 2, "127.0.0.1", store, std::chrono::seconds(20), logger);
+  });
+  strangers.join();
+  checkPairs(groups);
+  EXPECT_TRUE(outcomes.size() == 4, outcomes.size(), " outcomes");
+  for (size_t i = 0; i < outcomes.size(); ++i) EXPECT_TRUE(outcomes[i] == "closed", "stranger ", i, ": ", outcomes[i]);
+}
+
 }  // namespace
 
 int main() {
   testSha256Vectors();
   testHmacVectors();
+  testHelloMessages();
+  testHelloAcceptor();
   testConnectHonoursItsDeadline();
   testConnectRetriesUntilTheListenerAppears();
+  for (int size : {2, 3, 5}) testGroupForms(size);
+  testStrangersDuringSetup();
   return pycomm::testing::finish("test_handshake");
 }

@@ -1,11 +1,11 @@
 #include "handshake.h"
 
 #include <poll.h>
-#include <algorithm>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
-#include <random>
+#include <thread>
 
 #include "../../error.h"
 
@@ -15,39 +15,54 @@ namespace {
 constexpr char kTokenKey[] = "pycomm/token";
 std::string addressKey(int rank) { return strCat("pycomm/addr/", rank); }
 
-bool tokensEqual(const Token& a, const Token& b) {
-  uint8_t diff = 0;  // constant time: no early exit that leaks how much of a guess was right
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 // A connection accepted but not yet authenticated.
 struct PendingConnection {
   Socket socket;
-  Hello hello{};
-  size_t received = 0;
+  HelloAcceptor hello;
   std::string from;
 };
 
-}  // namespace
+std::string rankText(int rank, int size) { return strCat("[rank ", rank, "/", size, "]"); }
 
-std::string checkHello(const Hello& hello, const Token& token, int self, int size) {
-  if (hello.magic != kHelloMagic) return "not a pycomm handshake";
-  if (hello.version != kHelloVersion) return strCat("handshake version ", hello.version);
-  if (!tokensEqual(hello.token, token)) return "wrong group token";
-  if (hello.toRank != self) return strCat("addressed to rank ", hello.toRank);
-  if (hello.fromRank <= self || hello.fromRank >= size) {
-    return strCat("claims to be rank ", hello.fromRank, ", not a higher rank of this group");
+// Connects to the lower rank `peer` and proves membership both ways. A connection the peer closes
+// before answering (it sheds connections while strangers flood it) is tried again until the
+// deadline; an answer that fails verification is an error at once, never retried.
+Socket connectToPeer(int rank, int size, int peer, const Endpoint& endpoint, const Token& token,
+                     Deadline deadline) {
+  const std::string what = strCat(rankText(rank, size), " connecting to peer ", peer, " at ", endpoint.str());
+  auto backoff = std::chrono::milliseconds(10);
+  int attempts = 0;
+  while (true) {
+    Socket socket = connectTo(endpoint, deadline, what);
+    ++attempts;
+    std::string error;
+    Challenge challenge{};
+    auto io = socket.tryRecvAll(&challenge, sizeof challenge, deadline, &error);
+    if (io == Socket::Io::kDone) {
+      const std::string why = checkChallenge(challenge);
+      PYCOMM_CHECK(why.empty(), RemoteError, what, ": the listener is not a pycomm rank speaking handshake version ",
+                   kHelloVersion, ": ", why);
+      const Hello hello = makeHello(token, challenge.nonce, makeNonce(), rank, peer);
+      io = socket.trySendAll(&hello, sizeof hello, deadline, &error);
+      if (io == Socket::Io::kDone) {
+        Welcome welcome{};
+        io = socket.tryRecvAll(&welcome, sizeof welcome, deadline, &error);
+        if (io == Socket::Io::kDone) {
+          const std::string bad = checkWelcome(welcome, token, challenge.nonce, hello);
+          PYCOMM_CHECK(bad.empty(), RemoteError, what, ": the listener did not prove it belongs to this group: ", bad);
+          return socket;
+        }
+      }
+    }
+    PYCOMM_CHECK(io == Socket::Io::kClosed, TimeoutError, what, ": handshake ", error, " (attempt ", attempts, ")");
+    PYCOMM_CHECK(std::chrono::steady_clock::now() + backoff < deadline, TimeoutError, what, ": the peer closed ",
+                 attempts, attempts == 1 ? " connection" : " connections", " during the handshake (last: ", error, ")");
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
-  return {};
 }
 
-Token makeToken() {
-  Token token;
-  std::random_device device;  // reads the kernel's entropy source
-  for (auto& byte : token) byte = static_cast<uint8_t>(device());
-  return token;
-}
+}  // namespace
 
 GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store& store,
                           std::chrono::milliseconds timeout, const Logger& logger) {
@@ -74,16 +89,8 @@ GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store
   // which by induction always happens: rank 0 answers at once.
   for (int peer = 0; peer < rank; ++peer) {
     auto text = store.get(addressKey(peer), timeout);
-    Endpoint endpoint = Endpoint::parse(std::string(text.begin(), text.end()));
-    const std::string what = strCat("[rank ", rank, "/", size, "] connecting to peer ", peer, " at ",
-                                    endpoint.str());
-    Socket socket = connectTo(endpoint, deadline, what);
-    Hello hello{kHelloMagic, kHelloVersion, token, rank, peer};
-    socket.sendAll(&hello, sizeof hello, deadline, what);
-    int32_t ack = -1;
-    socket.recvAll(&ack, sizeof ack, deadline, what);
-    PYCOMM_CHECK(ack == peer, RemoteError, what, ": unexpected handshake answer ", ack);
-    group.peers[peer] = std::move(socket);
+    const Endpoint endpoint = Endpoint::parse(std::string(text.begin(), text.end()));
+    group.peers[peer] = connectToPeer(rank, size, peer, endpoint, token, deadline);
   }
 
   // Accept every higher rank, authenticating each connection; strangers are dropped.
@@ -107,29 +114,39 @@ GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store
     if (fds[0].revents & POLLIN) {
       int fd = ::accept4(group.listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0) {
-        PendingConnection conn;
-        conn.socket = Socket(fd);
+        PendingConnection conn{Socket(fd), HelloAcceptor(token, makeNonce(), rank, size), {}};
         conn.from = conn.socket.peerAddress();
-        pending.push_back(std::move(conn));
+        const Challenge& challenge = conn.hello.challenge();
+        if (conn.socket.sendNow(&challenge, sizeof challenge)) {
+          pending.push_back(std::move(conn));
+        } else {
+          logger.warn(strCat(" dropped connection from ", conn.from, ": closed before completing the handshake"));
+        }
       }
     }
     for (size_t i = 1; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       auto& conn = pending[i - 1];
-      auto* dst = reinterpret_cast<uint8_t*>(&conn.hello) + conn.received;
-      ssize_t n = ::recv(conn.socket.fd(), dst, sizeof(Hello) - conn.received, MSG_DONTWAIT);
-      if (n > 0) conn.received += static_cast<size_t>(n);
+      uint8_t buffer[sizeof(Hello)];
+      const ssize_t n = ::recv(conn.socket.fd(), buffer, conn.hello.wanted(), MSG_DONTWAIT);
       std::string why;
-      if (n == 0) why = "closed before completing the handshake";
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) why = std::strerror(errno);
-      if (why.empty() && conn.received == sizeof(Hello)) {
-        why = checkHello(conn.hello, token, rank, size);
-        if (why.empty() && group.peers[conn.hello.fromRank].valid()) why = "rank already connected";
-        if (why.empty()) {
-          const int peer = conn.hello.fromRank;
-          int32_t ack = rank;
-          conn.socket.sendAll(&ack, sizeof ack, deadline,
-                              strCat("[rank ", rank, "/", size, "] answering peer ", peer));
+      if (n > 0) conn.hello.feed(buffer, static_cast<size_t>(n));
+      // A reset is how a stranger that leaves without reading our challenge usually closes.
+      if (n == 0 || (n < 0 && errno == ECONNRESET)) why = "closed before completing the handshake";
+      if (n < 0 && errno != ECONNRESET && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        why = std::strerror(errno);
+      }
+      if (conn.hello.state() == HelloAcceptor::State::kRejected) why = conn.hello.reason();
+      if (why.empty() && conn.hello.state() == HelloAcceptor::State::kAccepted) {
+        const int peer = conn.hello.peer();
+        // Never replace a peer: a second connection naming a connected rank is an intruder or a
+        // confused rank, and the first one is the group's.
+        const Welcome welcome = conn.hello.welcome();
+        if (group.peers[peer].valid()) {
+          why = "rank already connected";
+        } else if (!conn.socket.sendNow(&welcome, sizeof welcome)) {
+          why = strCat("closed before rank ", peer, "'s handshake could be answered");
+        } else {
           group.peers[peer] = std::move(conn.socket);
           --missing;
         }

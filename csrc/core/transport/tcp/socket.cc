@@ -156,6 +156,14 @@ Socket::Io Socket::tryRecvAll(void* data, size_t nbytes, Deadline deadline, std:
   return Io::kDone;
 }
 
+bool Socket::sendNow(const void* data, size_t nbytes) {
+  ssize_t n;
+  do {
+    n = ::send(fd_, data, nbytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(nbytes);
+}
+
 void Socket::sendAll(const void* data, size_t nbytes, Deadline deadline, const std::string& what) {
   std::string error;
   const Io io = trySendAll(data, nbytes, deadline, &error);

@@ -50,6 +50,10 @@ class Socket {
   // The same, with a lost connection and the deadline as results rather than errors: a connecting
   // rank retries a connection its peer dropped (the peer may be shedding strangers). `error`, if
   // given, gets the reason.
+  // Sends all of a small message now or returns false, never waiting: for a fresh connection's
+  // first bytes, which always fit its empty send buffer unless the connection is already gone.
+  bool sendNow(const void* data, size_t nbytes);
+
   enum class Io { kDone, kClosed, kTimedOut };
   Io trySendAll(const void* data, size_t nbytes, Deadline deadline, std::string* error);
   Io tryRecvAll(void* data, size_t nbytes, Deadline deadline, std::string* error);
