@@ -1,8 +1,12 @@
-"""Group setup against strangers that try to get in.
+"""Group setup against strangers that try to stop it or to get in.
 
-(3) A stranger squatting on the address in the store learns nothing of the group token and is
-refused by the connecting rank. (4) The bytes of a real handshake, captured between two ranks,
-neither carry the token nor work when replayed, and a rank already connected cannot be displaced.
+(1) A flood of silent connections to rank 0 while it is short of file descriptors and rank 1 is
+late (held back until the test releases it): the group still forms, and rank 0 does not spin meanwhile. (2) After setup, a rank whose
+descriptors are all in use is sent connections: its event loop does not spin and its collectives
+still work. (3) A stranger squatting on the address in the store learns nothing of the group
+token and is refused by the connecting rank. (4) The bytes of a real handshake, captured between
+two ranks, neither carry the token nor work when replayed, and a rank already connected cannot be
+displaced.
 
 The ranks are run by test_reliability's ``_Cluster`` (spawned ranks, a pipe to each, a hang
 deadline). Figures are printed with the ``[reliability]`` prefix (``-s``); docs/RELIABILITY-setup.md
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import select
 import socket
 import threading
@@ -30,11 +35,16 @@ from test_reliability import (
     _HELLO_VERSION,
     _Cluster,
     _Control,
+    _await_close,
     _converse,
     _dropped_lines,
     _hello_for,
     _report,
 )
+
+FLOOD = 80  # silent connections held open against rank 0
+SPARE_FDS = 30  # rank 0's descriptor headroom during setup
+CPU_BOUND = 0.5  # of one core, averaged over the wait: a spinning accept loop uses ~1.0
 
 
 _GO_KEY = "pycomm-test/go/"
@@ -66,12 +76,222 @@ def _release(c: _Cluster, rank: int) -> None:
     c.store().set(f"{prefix}{_GO_KEY}{rank}", b"1")
 
 
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd")) - 1  # less the one listdir used
+
+
+def _squeeze_rank0_hold_rank1(rank: int) -> None:
+    """before_init: rank 0 keeps only SPARE_FDS free descriptors; rank 1 waits for the test."""
+    if rank == 0:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + SPARE_FDS, hard))
+    _hold_backend((1,))(rank)
+
+
 def _hold_rank1(rank: int) -> None:
     _hold_backend((1,))(rank)
 
 
 def _hold_ranks_1_and_2(rank: int) -> None:
     _hold_backend((1, 2))(rank)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Flood:
+    """Keeps `count` silent connections open to `address` from a thread, reconnecting any the
+    rank closes, until stopped: a stranger that does not give up."""
+
+    def __init__(self, address: tuple[str, int], count: int) -> None:
+        self.address = address
+        self.count = count
+        self.connects = 0
+        self.closed_by_rank = 0
+        self._stop = threading.Event()
+        self._socks: list[socket.socket | None] = [None] * count
+        self._thread = threading.Thread(target=self._run, name="flood", daemon=True)
+
+    def __enter__(self) -> _Flood:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        for s in self._socks:
+            if s is not None:
+                s.close()
+
+    def _connect(self, i: int) -> None:
+        s = None
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.settimeout(1.0)
+            s.connect(self.address)  # may time out while the rank's backlog is full: tried again
+            s.setblocking(False)
+            self._socks[i] = s
+            self.connects += 1
+        except OSError:
+            if s is not None:
+                s.close()
+            self._socks[i] = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for i in range(self.count):
+                if self._socks[i] is None:
+                    self._connect(i)
+            live = [s for s in self._socks if s is not None]
+            readable, _, _ = select.select(live, [], [], 0.05)
+            for s in readable:
+                try:
+                    data = s.recv(4096)  # a challenge is ignored; EOF means the rank let go
+                except OSError:
+                    data = b""
+                if data == b"":
+                    self.closed_by_rank += 1
+                    i = self._socks.index(s)
+                    s.close()
+                    self._socks[i] = None
+            time.sleep(0.05)
+
+
+def _formed_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any]:
+    ctl.event("formed", time.monotonic())
+    inputs = [torch.arange(10_000, dtype=torch.int64) * (r + 1) for r in range(world)]
+    t = inputs[rank].clone()
+    dist.all_reduce(t)
+    ok = torch.equal(t, sum(inputs))
+    assert ctl.command() == "done"
+    return {"ok": ok}
+
+
+def _summarised(lines: list[str]) -> int:
+    """The K of every '... and K more dropped connections' line."""
+    total = 0
+    for line in lines:
+        if "more dropped connections" in line:
+            total += int(line.split("and ", 1)[1].split()[0])
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# (1) During setup.
+
+
+def test_group_forms_under_a_flood_with_few_file_descriptors(pycomm: ModuleType) -> None:
+    with _Cluster(
+        _formed_worker, 2, pg_timeout_s=30, hang_timeout_s=120, before_init=_squeeze_rank0_hold_rank1
+    ) as c:
+        address = c.pycomm_address(0, timeout=60)  # rank 0 is accepting; rank 1 is held
+        pid0 = c.pid(0)
+        cpu_start, t_start = _cpu_seconds(pid0), time.monotonic()
+        with _Flood(address, FLOOD) as flood:
+            # Long enough for the first strangers' handshake deadline (2.5 s) to pass, so rank 1
+            # arrives while rank 0 is cycling through strangers at its descriptor limit.
+            time.sleep(3.0)
+            _release(c, 1)
+            released_at = time.monotonic()
+            formed_at = c.wait_event(0, "formed", timeout=45)
+            cpu = _cpu_seconds(pid0) - cpu_start
+            wait_s = formed_at - t_start
+            c.wait_event(1, "formed", timeout=30)
+        for rank in range(2):
+            c.send(rank, "done")
+        results = [c.result(r, timeout=60) for r in range(2)]
+        log0 = c.stderr(0)
+
+    lines = [line for line in log0.splitlines() if "dropped connection" in line]
+    _report(
+        f"flood during setup ({FLOOD} held, {SPARE_FDS} spare fds on rank 0): the group formed "
+        f"{formed_at - released_at:.2f} s after rank 1 was released, {wait_s:.2f} s after the flood "
+        f"began; rank 0 used {cpu:.2f} s CPU ({100 * cpu / wait_s:.0f}% "
+        f"of a core); the flood connected {flood.connects} times, rank 0 closed "
+        f"{flood.closed_by_rank}; rank 0 logged {len(lines)} lines about dropped connections "
+        f"(summaries counting {_summarised(lines)} more)"
+    )
+    assert all(r["ok"] for r in results), results
+    assert cpu / wait_s < CPU_BOUND, f"rank 0 used {cpu:.2f} s CPU over a {wait_s:.2f} s wait"
+    assert flood.closed_by_rank > 0, "rank 0 never let go of a silent connection"
+    # Rate-limited: at most a burst a second, plus one summary line per second.
+    assert len(lines) <= 25 * (wait_s + 3), f"{len(lines)} lines in {wait_s:.1f} s:\n{log0[-3000:]}"
+
+
+# --------------------------------------------------------------------------------------------
+# (2) After setup: no spare descriptor at all.
+
+
+def _lowest_free_fd() -> int:
+    fd = os.open("/dev/null", os.O_RDONLY)
+    os.close(fd)
+    return fd
+
+
+def _squeezed_loop_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any]:
+    def checked_allreduce(step: int) -> bool:
+        t = torch.full((50_000,), float(rank + step))
+        dist.all_reduce(t)
+        return bool(torch.all(t == sum(r + step for r in range(world))))
+
+    ok = [checked_allreduce(0)]
+    ctl.event("ready")
+    out: dict[str, Any] = {}
+    if rank == 0:
+        assert ctl.command() == "squeeze"
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        # Every descriptor number below the limit is in use: the next accept gets EMFILE.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (_lowest_free_fd(), hard))
+        try:
+            ctl.event("squeezed")
+            assert ctl.command() == "measure"
+            before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+            time.sleep(2.0)
+            after, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            out["cpu_fraction"] = cpu / (t1 - t0)
+            ctl.event("measured")
+            assert ctl.command() == "go"
+            ok += [checked_allreduce(step) for step in range(1, 6)]  # still without a spare fd
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    else:
+        assert ctl.command() == "go"
+        ok += [checked_allreduce(step) for step in range(1, 6)]
+    out["ok"] = all(ok)
+    return out
+
+
+def test_event_loop_does_not_spin_when_out_of_file_descriptors(pycomm: ModuleType) -> None:
+    with _Cluster(_squeezed_loop_worker, 2, pg_timeout_s=30, hang_timeout_s=90) as c:
+        for rank in range(2):
+            c.wait_event(rank, "ready", timeout=60)
+        address = c.pycomm_address(0)
+        c.send(0, "squeeze")
+        c.wait_event(0, "squeezed", timeout=30)
+        socks = [socket.create_connection(address, timeout=5) for _ in range(20)]
+        c.send(0, "measure")
+        c.wait_event(0, "measured", timeout=30)
+        outcomes = [_await_close(s, 2.0) for s in socks]
+        for s in socks:
+            s.close()
+        for rank in range(2):
+            c.send(rank, "go")
+        results = [c.result(r, timeout=60) for r in range(2)]
+        log0 = c.stderr(0)
+
+    cpu = results[0]["cpu_fraction"]
+    _report(
+        f"after setup, out of descriptors, 20 strangers: rank 0 used {100 * cpu:.0f}% of a core over "
+        f"2 s; outcomes {sorted(set(outcomes))}; {len(_dropped_lines(log0))} 'dropped connection' lines"
+    )
+    assert all(r["ok"] for r in results), results
+    assert cpu < CPU_BOUND, f"rank 0's event loop used {100 * cpu:.0f}% of a core with no spare fd"
+    assert all(o == "closed" for o in outcomes), outcomes
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 // Group setup over TCP, without torch: SHA-256 and HMAC-SHA256 against the published vectors, the
 // handshake's messages and HelloAcceptor fed byte by byte, connectTo's deadline when SYNs go
-// unanswered, and whole groups formed by connectGroup on threads, with a stranger on the port.
+// unanswered, whole groups formed by connectGroup on threads with strangers on the port, the cap
+// and deadline of pending connections, and the rate-limited log of dropped ones.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -206,6 +208,12 @@ double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+double threadCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + 1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
 // Runs `body` on a thread and gives up on it after `limit`: a connect that ignores its deadline
 // must fail the test, not hang it. A thread still blocked then cannot be joined, so the process
 // exits at once with the failure reported.
@@ -395,6 +403,80 @@ void testStrangersDuringSetup() {
   for (size_t i = 0; i < outcomes.size(); ++i) EXPECT_TRUE(outcomes[i] == "closed", "stranger ", i, ": ", outcomes[i]);
 }
 
+// At most kLinesPerSecond lines a second; the rest counted and reported when a later second opens
+// and when the log is flushed or destroyed.
+void testStrangerLogIsRateLimited() {
+  std::vector<std::string> lines;
+  const auto t0 = Clock::now();
+  {
+    StrangerLog log([&](const std::string& line) { lines.push_back(line); });
+    for (int i = 0; i < 25; ++i) log.dropped("10.0.0.1:" + std::to_string(i), "silent", t0 + std::chrono::milliseconds(i));
+    EXPECT_TRUE(lines.size() == StrangerLog::kLinesPerSecond, lines.size(), " lines in the first second");
+    log.dropped("10.0.0.2:1", "late", t0 + std::chrono::milliseconds(1500));
+    EXPECT_TRUE(lines.size() == StrangerLog::kLinesPerSecond + 2, lines.size(), " lines");
+    EXPECT_TRUE(lines.size() > 21 && lines[20].find("and 5 more dropped connections") != std::string::npos, lines[20]);
+    EXPECT_TRUE(lines.back().find("dropped connection from 10.0.0.2:1: late") != std::string::npos, lines.back());
+    for (int i = 0; i < 30; ++i) log.dropped("10.0.0.3:1", "flood", t0 + std::chrono::milliseconds(2600));
+  }
+  EXPECT_TRUE(lines.back().find("and 10 more dropped connections") != std::string::npos, "on destruction: ", lines.back());
+}
+
+// acceptPeers with small limits: ten silent strangers against a cap of four pending connections
+// and a 300 ms handshake deadline, then the real rank 1. The oldest strangers make room, the rest
+// time out, every one is closed, and rank 1 gets in.
+void testPendingConnectionsAreCappedAndTimed() {
+  pycomm::testing::MemoryStore store;
+  Endpoint endpoint;
+  Socket listener = listenOn("127.0.0.1", &endpoint);
+  listener.setNonBlocking();
+  const Token token = makeToken();
+  const std::string text = endpoint.str();
+  store.set("pycomm/addr/0", std::vector<uint8_t>(text.begin(), text.end()));
+  store.set("pycomm/token", std::vector<uint8_t>(token.begin(), token.end()));
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  std::vector<Socket> strangers;
+  for (int i = 0; i < 10; ++i) strangers.push_back(connectTo(endpoint, deadline, "stranger"));
+
+  std::vector<std::string> lines;
+  std::vector<Socket> peers(2);
+  GroupSockets rank1;
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    rank1 = connectGroup(1, 2, "127.0.0.1", store, std::chrono::seconds(10), Logger());
+  });
+  const double cpuBefore = threadCpuSeconds();
+  const auto wallBefore = Clock::now();
+  try {
+    StrangerLog log([&](const std::string& line) { lines.push_back(line); });
+    AcceptLimits limits;
+    limits.handshakeTimeout = std::chrono::milliseconds(300);
+    limits.maxPending = 4;
+    acceptPeers(listener, token, 0, 2, peers, deadline, std::chrono::seconds(10), log, limits);
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(false, "acceptPeers: ", e.what());
+  }
+  // Between the strangers' deadline and rank 1's arrival there is nothing to do: no spinning.
+  const double cpu = threadCpuSeconds() - cpuBefore, wall = secondsSince(wallBefore);
+  EXPECT_TRUE(cpu < 0.25 * wall, "acceptPeers used ", cpu, " s of CPU in ", wall, " s");
+  late.join();
+  EXPECT_TRUE(peers[1].valid() && rank1.peers[0].valid(), "rank 1 did not get in");
+  int madeRoom = 0, timedOut = 0;
+  for (const auto& line : lines) {
+    madeRoom += line.find("closed to make room (4 connections waiting") != std::string::npos;
+    timedOut += line.find("no handshake within 300 ms") != std::string::npos;
+  }
+  // Six make room for the last four; those time out, unless rank 1 comes first and pushes out one more.
+  EXPECT_TRUE(madeRoom >= 6 && madeRoom + timedOut == 10, madeRoom, " made room, ", timedOut, " timed out");
+  for (auto& s : strangers) {
+    uint8_t buffer[64];
+    std::string error;
+    while (s.tryRecvAll(buffer, 1, Clock::now() + std::chrono::seconds(2), &error) == Socket::Io::kDone) {
+    }
+    EXPECT_TRUE(error.find("closed") != std::string::npos || error.find("reset") != std::string::npos,
+                "a stranger still open: ", error);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -406,5 +488,7 @@ int main() {
   testConnectRetriesUntilTheListenerAppears();
   for (int size : {2, 3, 5}) testGroupForms(size);
   testStrangersDuringSetup();
+  testStrangerLogIsRateLimited();
+  testPendingConnectionsAreCappedAndTimed();
   return pycomm::testing::finish("test_handshake");
 }

@@ -14,6 +14,7 @@
 #include "../../logging.h"
 #include "../../store.h"
 #include "hello.h"
+#include "listener.h"  // the listener outlives setup: turnAwayStrangers takes over from acceptPeers
 #include "socket.h"
 
 namespace pycomm::transport::tcp {

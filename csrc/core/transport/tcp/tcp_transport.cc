@@ -710,11 +710,11 @@ void TcpTransport::readOnCallingThread(Peer& peer, Request& request, Clock::time
 }
 
 void TcpTransport::acceptStranger() {
-  int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (fd < 0) return;
-  Socket stranger(fd);
-  logger_.warn(strCat(context(), " dropped connection from ", stranger.peerAddress(),
-                      ": the group is already connected"));
+  // Only the loop thread comes here, so one log per thread is one per transport. It captures
+  // copies: a detached loop thread may exit after the transport is gone.
+  thread_local StrangerLog strangers(
+      [logger = logger_, context = context()](const std::string& line) { logger.warn(context + line); });
+  turnAwayStrangers(listener_, strangers);
 }
 
 bool TcpTransport::handleReadable(Peer& peer) {
