@@ -177,3 +177,17 @@ def assert_no_failures(
             f"\n... and {len(failures) - limit} more" if len(failures) > limit else ""
         )
         raise AssertionError(f"{len(failures)} failed checks:\n{shown}{more}")
+
+
+def store_barrier(name: str, world: int, timeout_s: float = 60.0) -> None:
+    """Line the ranks up in time through the rendezvous store, independently of the backend."""
+    import time
+
+    store = dist.distributed_c10d._get_default_store()
+    key = f"test-barrier/{name}"
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while int(store.add(key, 0)) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"store barrier {name!r} incomplete after {timeout_s}s")
+        time.sleep(0.005)

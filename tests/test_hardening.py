@@ -18,22 +18,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from mp import run_ranks
+from support import store_barrier as _store_barrier
 
 # Errors must come from detection, not from the group timeout: the timeout is long enough that an
 # error that only came from it is told apart, short enough that a failing run ends.
 PG_TIMEOUT_S = 20.0
 PROMPT_S = 5.0  # a detected error takes milliseconds; this allows for a loaded 2-core machine
-
-
-def _store_barrier(name: str, world: int, timeout_s: float = 60.0) -> None:
-    """Line the ranks up in time through the rendezvous store, independently of pycomm."""
-    store = dist.distributed_c10d._get_default_store()
-    store.add(f"hardening/{name}", 1)
-    deadline = time.monotonic() + timeout_s
-    while int(store.add(f"hardening/{name}", 0)) < world:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"store barrier {name!r} incomplete after {timeout_s}s")
-        time.sleep(0.005)
 
 
 def _outcome(op: Any) -> dict[str, Any]:

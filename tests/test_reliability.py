@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from mp import free_port, run_ranks
 from stalling_store import stall_pycomm_store
+from support import store_barrier as _store_barrier
 
 
 @pytest.fixture(autouse=True)
@@ -1185,17 +1186,6 @@ def _mismatched_op(case: str, rank: int, world: int) -> None:
         dist.reduce(torch.ones(n), dst=1 if odd else 0)
     else:
         raise AssertionError(case)
-
-
-def _store_barrier(name: str, world: int, timeout_s: float = 60.0) -> None:
-    """Line the ranks up in time through the rendezvous store, independently of pycomm."""
-    store = dist.distributed_c10d._get_default_store()
-    store.add(f"reliability/{name}", 1)
-    deadline = time.monotonic() + timeout_s
-    while int(store.add(f"reliability/{name}", 0)) < world:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"store barrier {name!r} incomplete after {timeout_s}s")
-        time.sleep(0.01)
 
 
 def _mismatch_cases_worker(rank: int, world: int, cases: Sequence[str]) -> list[dict[str, Any]]:

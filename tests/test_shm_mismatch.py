@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from mp import run_ranks
+from support import store_barrier as _store_barrier
 
 PG_TIMEOUT_S = 20.0  # an error that only came from the timeout is told apart
 MISMATCH_MAX_S = 1.0  # the bound: every rank raises within a second
@@ -32,16 +33,6 @@ OTHER_OPS = {
     "compressed_all_reduce": "compressed as fp16",
     "send_then_gather": "gather",  # a point-to-point frame first, through the same rings
 }
-
-
-def _store_barrier(name: str, world: int, timeout_s: float = 60.0) -> None:
-    store = dist.distributed_c10d._get_default_store()
-    store.add(f"shm-mismatch/{name}", 1)
-    deadline = time.monotonic() + timeout_s
-    while int(store.add(f"shm-mismatch/{name}", 0)) < world:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"store barrier {name!r} incomplete after {timeout_s}s")
-        time.sleep(0.005)
 
 
 def _other_op(case: str, rank: int, world: int) -> None:

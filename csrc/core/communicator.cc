@@ -16,6 +16,7 @@
 #include "checked.h"
 #include "error.h"
 #include "transport/subset_transport.h"
+#include "transport/tcp/sha256.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace pycomm {
@@ -128,8 +129,12 @@ void Communicator::setupSharedMemory(Store& store) {
   // is read before this rank publishes its host id: no segment exists before every host id is
   // published, so whenever one may exist this rank knows its name, even once the store is gone.
   const auto token = store.get("pycomm/token", timeout());
+  // From a hash of the token, not the token: /dev/shm names are visible to everyone on the host.
+  std::vector<uint8_t> labelled = {'p', 'y', 'c', 'o', 'm', 'm', '-', 's', 'h', 'm'};
+  labelled.insert(labelled.end(), token.begin(), token.end());
+  const auto digest = transport::tcp::sha256(labelled.data(), labelled.size());
   std::string tokenHex;
-  for (size_t i = 0; i < std::min<size_t>(token.size(), 12); ++i) tokenHex += strCat(std::hex, (token[i] >> 4) & 0xf, token[i] & 0xf);
+  for (size_t i = 0; i < 12; ++i) tokenHex += strCat(std::hex, (digest[i] >> 4) & 0xf, digest[i] & 0xf);
   auto segmentName = [&](int hostIndex) { return strCat("/pycomm-", tokenHex, "-", hostIndex); };
   try {
     formSharedMemoryGroups(store, segmentName);
