@@ -219,7 +219,10 @@ def test_waiters_read_the_next_ops_messages_too(pycomm: Any, world: int) -> None
         # A socket a waiter drained stays with the waiters between ops, so in a steady stream of ops
         # the loop reads almost nothing; it read about half (54% at world 2) when it took every
         # socket back at once, as the next op's first message usually arrives before its waiter.
-        assert got["by_waiter"] >= 0.8 * got["total"] > 0, (rank, got)
+        # At world 3 (three ranks on two cores) a descheduled waiter leaves some to the loop: the
+        # unchanged 9b9d9b5 build measured 70-71% in 2 of 6 runs here (99.9% otherwise), so 80% was
+        # a bound of the machine, not of the design; 65% still fails the 54% of no linger.
+        assert got["by_waiter"] >= 0.65 * got["total"] > 0, (rank, got)
 
 
 CYCLE_COUNT = 4 << 20  # int32, 16 MiB: more than the sockets buffer, so a send ends only once read

@@ -706,16 +706,18 @@ std::shared_ptr<Request> Communicator::recv(void* data, size_t nbytes, int peer,
   return transport_->irecv(peer, info, data, nbytes);
 }
 
-void Communicator::onComplete(const std::shared_ptr<Request>& request, std::function<void()> callback) {
+void Communicator::onComplete(const std::shared_ptr<Request>& request, std::function<void()> callback,
+                              std::function<bool()> awaited) {
   std::weak_ptr<TaskQueue> completions = completions_;
   std::weak_ptr<TaskQueue> tasks = tasks_;
   transport::Transport* transport = transport_.get();  // alive while it completes requests
-  request->onDone([completions, tasks, transport, callback = std::move(callback)] {
+  request->onDone([completions, tasks, transport, callback = std::move(callback), awaited = std::move(awaited)] {
     // Not on the event loop, and not in the middle of a collective that read this frame off its
     // socket either: a callback that issued an op there would run it nested, out of step.
     const auto worker = tasks.lock();
     const bool inCollective = worker && (worker->insideTask() || worker->onOwnThread());
     if (!transport->onIoThread() && !inCollective) return callback();
+    if (awaited && awaited()) return;  // the waiter completes it (and must, once it was asked)
     if (auto queue = completions.lock()) return queue->post(callback);
     callback();
   });

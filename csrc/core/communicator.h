@@ -137,8 +137,11 @@ class Communicator {
   // peer may be transport::Transport::kAnyPeer.
   std::shared_ptr<Request> recv(void* data, size_t nbytes, int peer, uint64_t tag);
   // Runs `callback` once `request` (a point-to-point one) is done: on the completing thread, or on
-  // the group's completion thread if that is the transport's I/O thread (postCompletion).
-  void onComplete(const std::shared_ptr<Request>& request, std::function<void()> callback);
+  // the group's completion thread if that is the transport's I/O thread or inside a collective
+  // (postCompletion), unless `awaited()` says a thread waits to complete it itself: waking the
+  // completion thread for nothing costs a context switch per message.
+  void onComplete(const std::shared_ptr<Request>& request, std::function<void()> callback,
+                  std::function<bool()> awaited = nullptr);
   // Waits for a point-to-point request up to `timeout`; detaches it if that passes.
   void waitPointToPoint(const std::shared_ptr<Request>& request, const std::string& what,
                         std::chrono::milliseconds timeout);

@@ -1606,7 +1606,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::send(std::vector<at::Tensor>& te
     if (coalescing_) coalesced_.push_back(work);
   }
   // The host copy of a device tensor lives as long as the request, which holds this callback.
-  comm_->onComplete(request, [work, flat] { work->finishFromRequest(); });
+  comm_->onComplete(
+      request, [work, flat] { work->finishFromRequest(); }, [raw = work.get()] { return raw->awaited(); });
   return work;
 }
 
@@ -1635,7 +1636,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::postReceive(std::vector<at::Tens
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  comm_->onComplete(request, [work] { work->finishFromRequest(); });
+  comm_->onComplete(
+      request, [work] { work->finishFromRequest(); }, [raw = work.get()] { return raw->awaited(); });
   return work;
 }
 

@@ -145,6 +145,7 @@ void PointToPointWork::awaitRequest(std::chrono::milliseconds timeout) {
 }
 
 bool PointToPointWork::wait(std::chrono::milliseconds timeout) {
+  awaited_.store(true);
   // c10d's kNoTimeout (0) means the group's; any other is this wait's own.
   awaitRequest(timeout == std::chrono::milliseconds(0) ? comm_->timeout() : timeout);
   finishFromRequest();  // here, rather than waiting for the completion thread to get to it
@@ -152,6 +153,7 @@ bool PointToPointWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void PointToPointWork::waitHost() {
+  awaited_.store(true);
   awaitRequest(comm_->timeout());
   finishFromRequest();
   PycommWork::waitHost();

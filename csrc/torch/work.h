@@ -79,6 +79,9 @@ class PointToPointWork final : public PycommWork {
                    std::shared_ptr<DeviceStaging> staging = nullptr, std::function<void()> onReceived = nullptr);
   // Completes the Work with the request's outcome, once the request is done; later calls do nothing.
   void finishFromRequest();
+  // Whether a thread is in wait() or waitHost(), which completes the Work itself once the request
+  // is done (so the completion thread need not be woken for it).
+  bool awaited() const { return awaited_.load(); }
   bool wait(std::chrono::milliseconds timeout) override;
   void waitHost() override;
   int sourceRank() const override;
@@ -93,6 +96,7 @@ class PointToPointWork final : public PycommWork {
   std::string what_;
   std::function<void()> onReceived_;
   std::atomic<bool> finishing_{false};
+  std::atomic<bool> awaited_{false};  // set for good by the first wait: it always finishes the Work
 };
 
 }  // namespace pycomm::torch_adapter
