@@ -1,7 +1,8 @@
 """Real multi-host runs: "hosts" are network namespaces with their own addresses on a bridge.
 
 Two hosts of two ranks each: all-reduce is hierarchical (shared memory inside a host, TCP across),
-and every result is checked against a float64 reference. Needs root for the namespaces; skipped
+and every result is checked against a float64 reference; the compressed collectives are then
+hierarchical too (full precision inside a host, compression across). Needs root for the namespaces; skipped
 with the reason otherwise.
 """
 
@@ -48,3 +49,4 @@ def test_hosts_in_namespaces(hosts: int, per_host: int) -> None:
         assert proc.returncode == 0, f"rank {rank} failed:\n{err[-3000:]}"
     if per_host > 1:
         assert "hierarchical" in outputs[0][1], "expected the hierarchical all-reduce:\n" + outputs[0][1][-2000:]
+        assert "hierarchical-compressed" in outputs[0][1], "expected compression across hosts only:\n" + outputs[0][1][-2000:]

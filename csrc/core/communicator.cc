@@ -244,6 +244,7 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
   hierarchy->localSize = static_cast<int>(local.size());
   std::vector<int> cross;
   for (const auto& host : order) cross.push_back(members[host][localRank]);
+  for (const auto& host : order) hierarchy->grid.insert(hierarchy->grid.end(), members[host].begin(), members[host].end());
   hierarchy->cross = std::make_unique<transport::SubsetTransport>(*transport_, cross);
   transport::SubsetTransport localView(*transport_, local);
   hierarchy->local = makeGroup(localRank, hierarchy->localSize, strCat("pycomm/shm/", hostIndex), localView, local);
@@ -429,18 +430,9 @@ void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
              [&](const algorithms::ShmWait& w) { shm_->allreduce(data, count, dtype, op, signature, w); })) {
     return;
   }
-  if (hierarchy_ && !shmBroken_) {
-    // Only a failure inside the op moves this host to the flat path (a failure a peer reported
-    // afterwards, of an op that completed here, leaves the steps in agreement). The other hosts
-    // cannot see this host's segment, so they do not follow: docs/RELIABILITY.md.
-    runCollective(signature, "hierarchical", [&](Op& o) {
-      try {
-        hierarchicalAllreduce(o, buf, count, dtype, op, algorithm);
-      } catch (const std::exception&) {
-        shmBroken_ = true;
-        throw;
-      }
-    }, "shm+tcp", true);
+  if (runHierarchical(signature, "hierarchical", [&](Op& cross, const algorithms::HostGrid& host) {
+        hierarchicalAllreduce(cross, host, buf, count, dtype, op, algorithm);
+      })) {
     return;
   }
   runCollective(signature, algorithmName(algorithm), [&](Op& o) {
@@ -605,42 +597,57 @@ void Communicator::alltoall(const void* in, const std::vector<size_t>& sendCount
 
 void Communicator::setAlgorithm(Algorithm algorithm) { config_.algorithm = algorithm; }
 
+// Only a failure inside the op moves this host to the flat path (a failure a peer reported
+// afterwards, of an op that completed here, leaves the steps in agreement). The other hosts cannot
+// see this host's segment, so they do not follow: docs/RELIABILITY.md.
+template <typename Body>
+bool Communicator::runHierarchical(OpSignature signature, const char* algorithm, Body body) {
+  if (!hierarchy_ || shmBroken_) return false;
+  runCollective(signature, algorithm, [&](Op& o) {
+    Hierarchy& h = *hierarchy_;
+    const algorithms::ShmWait wait = shmWait(o);
+    // Same signature as the whole op: frames of one seq must all agree (TcpTransport::beginOp).
+    Op cross(*h.cross, o.seq(), o.signature(), o.context() + " (across hosts)", o.deadline(), timeout());
+    try {
+      body(cross, algorithms::HostGrid{*h.local, wait, o.signature(), h.grid});
+      cross.waitAll();
+    } catch (const std::exception& e) {
+      cross.fail(e.what());
+      shmBroken_ = true;
+      throw;
+    }
+    o.countBytesOf(cross);
+  }, "shm+tcp", true);
+  return true;
+}
+
 // Reduce inside the host over shared memory, all-reduce one slice per local rank across hosts over
 // TCP (so every rank of a host carries its share of the inter-host traffic), then gather the
 // slices inside the host.
-void Communicator::hierarchicalAllreduce(Op& o, uint8_t* data, size_t count, DataType dtype, ReduceOp op,
-                                         Algorithm algorithm) {
-  Hierarchy& h = *hierarchy_;
+void Communicator::hierarchicalAllreduce(Op& cross, const algorithms::HostGrid& host, uint8_t* data, size_t count,
+                                         DataType dtype, ReduceOp op, Algorithm algorithm) {
+  const Hierarchy& h = *hierarchy_;
   const size_t esize = elementSize(dtype);
-  const algorithms::ShmWait wait = shmWait(o);
-  const OpSignature local = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
-  h.local->allreduce(data, count, dtype, op, local, wait);
+  host.local.allreduce(data, count, dtype, op, host.sig, host.wait);
   Segments slices(count, h.localSize);
   uint8_t* slice = data + slices.offset(h.localRank) * esize;
   const size_t n = slices.length(h.localRank);
-  // Same signature as the whole op: frames of one seq must all agree (TcpTransport::beginOp).
-  Op cross(*h.cross, o.seq(), o.signature(), o.context() + " (across hosts)", o.deadline(), timeout());
-  try {
-    const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
-    if (algorithm == Algorithm::kTree) {
-      algorithms::treeAllreduce(cross, slice, scratch(algorithms::treeScratchBytes(n, chunkElems, dtype)), n, dtype,
-                                op, chunkElems);
-    } else if (algorithm == Algorithm::kRhd) {
-      algorithms::rhdAllreduce(cross, slice, scratch(algorithms::rhdScratchBytes(n, dtype)), n, dtype, op,
-                               n * esize >= algorithms::kRhdHalvingThreshold);
-    } else {
-      Segments segments(n, h.cross->size());
-      algorithms::ringAllreduce(cross, {slice, scratch(algorithms::ringScratchBytes(segments, chunkElems, dtype))},
-                                segments, dtype, op, chunkElems, true);
-    }
-    cross.waitAll();
-  } catch (const std::exception& e) {
-    cross.fail(e.what());
-    throw;
+  const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
+  if (algorithm == Algorithm::kTree) {
+    algorithms::treeAllreduce(cross, slice, scratch(algorithms::treeScratchBytes(n, chunkElems, dtype)), n, dtype, op,
+                              chunkElems);
+  } else if (algorithm == Algorithm::kRhd) {
+    algorithms::rhdAllreduce(cross, slice, scratch(algorithms::rhdScratchBytes(n, dtype)), n, dtype, op,
+                             n * esize >= algorithms::kRhdHalvingThreshold);
+  } else {
+    Segments segments(n, h.cross->size());
+    algorithms::ringAllreduce(cross, {slice, scratch(algorithms::ringScratchBytes(segments, chunkElems, dtype))},
+                              segments, dtype, op, chunkElems, true);
   }
+  cross.waitAll();
   std::vector<size_t> offsets(h.localSize + 1);
   for (int q = 0; q <= h.localSize; ++q) offsets[q] = (q < h.localSize ? slices.offset(q) : count) * esize;
-  h.local->allgatherParts(data, offsets, local, wait);
+  host.local.allgatherParts(data, offsets, host.sig, host.wait);
 }
 
 namespace {
@@ -653,7 +660,14 @@ OpSignature compressedSignature(OpKind kind, size_t count, codecs::Codec codec, 
 }  // namespace
 
 void Communicator::allreduceCompressed(float* data, size_t count, codecs::Codec codec, bool average) {
-  runCollective(compressedSignature(OpKind::kAllreduce, count, codec, average), "compressed", [&](Op& o) {
+  const OpSignature signature = compressedSignature(OpKind::kAllreduce, count, codec, average);
+  if (runHierarchical(signature, "hierarchical-compressed", [&](Op& cross, const algorithms::HostGrid& host) {
+        algorithms::hierarchicalCompressedAllreduce(cross, host, data, count, codec, average, config_.chunkBytes,
+                                                    scratch_);
+      })) {
+    return;
+  }
+  runCollective(signature, "compressed", [&](Op& o) {
     if (size() == 1) {
       // One rank still rounds the way the group would, so results do not depend on the world size.
       std::vector<uint8_t> encoded(codecs::encodedBytes(codec, count));
@@ -667,13 +681,26 @@ void Communicator::allreduceCompressed(float* data, size_t count, codecs::Codec 
 
 void Communicator::reduceScatterCompressed(const float* in, float* out, size_t count, codecs::Codec codec,
                                            bool average) {
-  runCollective(compressedSignature(OpKind::kReduceScatter, count, codec, average), "compressed", [&](Op& o) {
+  const OpSignature signature = compressedSignature(OpKind::kReduceScatter, count, codec, average);
+  if (runHierarchical(signature, "hierarchical-compressed", [&](Op& cross, const algorithms::HostGrid& host) {
+        algorithms::hierarchicalCompressedReduceScatter(cross, host, in, out, count, codec, average, scratch_, staging_);
+      })) {
+    return;
+  }
+  runCollective(signature, "compressed", [&](Op& o) {
     algorithms::compressedReduceScatter(o, in, out, count, codec, average, scratch_);
   });
 }
 
 void Communicator::allgatherCompressed(const float* in, float* out, size_t count, codecs::Codec codec) {
-  runCollective(compressedSignature(OpKind::kAllgather, count, codec, false), "compressed", [&](Op& o) {
+  const OpSignature signature = compressedSignature(OpKind::kAllgather, count, codec, false);
+  if (runHierarchical(signature, "hierarchical-compressed", [&](Op& cross, const algorithms::HostGrid& host) {
+        algorithms::hierarchicalCompressedAllgather(cross, host, in, out, count, codec, config_.chunkBytes, scratch_,
+                                                    staging_);
+      })) {
+    return;
+  }
+  runCollective(signature, "compressed", [&](Op& o) {
     algorithms::compressedAllgather(o, in, out, count, codec, config_.chunkBytes, scratch_);
   });
 }

@@ -25,6 +25,7 @@
 #include "dtype.h"
 #include "store.h"
 #include "task_queue.h"
+#include "algorithms/hierarchical_compressed.h"
 #include "algorithms/op.h"
 #include "algorithms/shm_collectives.h"
 #include "transport/transport.h"
@@ -163,8 +164,12 @@ class Communicator {
   void setupSharedMemory(Store& store);
   // The body of setupSharedMemory; `segmentName(i)` names host i's segment.
   void formSharedMemoryGroups(Store& store, const std::function<std::string(int)>& segmentName);
-  void hierarchicalAllreduce(algorithms::Op& o, uint8_t* data, size_t count, DataType dtype, ReduceOp op,
-                             Algorithm algorithm);
+  // Runs `body(cross, host)` as one op over the hierarchy (shared memory inside this host, `cross`
+  // among the ranks of this local index); returns false, having done nothing, without a hierarchy.
+  template <typename Body>
+  bool runHierarchical(transport::OpSignature signature, const char* algorithm, Body body);
+  void hierarchicalAllreduce(algorithms::Op& cross, const algorithms::HostGrid& host, uint8_t* data, size_t count,
+                             DataType dtype, ReduceOp op, Algorithm algorithm);
   uint8_t* scratch(size_t bytes);
   const std::string& prefix() const { return prefix_; }
 
@@ -181,6 +186,7 @@ class Communicator {
     std::unique_ptr<transport::Transport> cross;
     int localRank = 0;
     int localSize = 1;
+    std::vector<int> grid;  // grid[h * localSize + l]: the rank of local rank l on host h
   };
   std::unique_ptr<Hierarchy> hierarchy_;
   bool shmBroken_ = false;                     // worker thread only
@@ -188,6 +194,7 @@ class Communicator {
   std::atomic<int64_t> timeoutMs_;
   std::atomic<uint64_t> seq_{0};    // written by the worker thread only
   std::vector<uint8_t> scratch_;    // worker thread only
+  std::vector<uint8_t> staging_;    // worker thread only: hierarchical reduce-scatter and all-gather
 
   mutable std::mutex statsMutex_;
   std::map<std::string, OpStats> stats_;

@@ -58,16 +58,24 @@ struct Piece {
 
 }  // namespace
 
+size_t compressedSegmentElems(size_t chunkBytes) {
+  return std::max<size_t>(codecs::kFp8BlockElements,
+                          (chunkBytes / sizeof(float)) / codecs::kFp8BlockElements * codecs::kFp8BlockElements);
+}
+
+CompressedPiece makeCompressedPiece(size_t begin, Segments segments, codecs::Codec codec) {
+  const int p = static_cast<int>(segments.parts());
+  Segments layout = encodedLayout(segments, p, codec);
+  return CompressedPiece{begin, std::move(segments), std::move(layout)};
+}
+
 std::vector<CompressedPiece> compressedPieces(size_t count, int p, codecs::Codec codec, size_t chunkBytes) {
-  const size_t segmentElems = std::max<size_t>(codecs::kFp8BlockElements,
-                                               (chunkBytes / sizeof(float)) / codecs::kFp8BlockElements * codecs::kFp8BlockElements);
+  const size_t segmentElems = compressedSegmentElems(chunkBytes);
   const size_t pieceElems = segmentElems * p;
   std::vector<CompressedPiece> pieces;
   for (size_t begin = 0; begin < count || pieces.empty(); begin += pieceElems) {
     const size_t n = std::min(pieceElems, count - begin);
-    Segments segments = n == pieceElems ? Segments(segmentElems, p, true) : Segments(n, p);
-    Segments layout = encodedLayout(segments, p, codec);
-    pieces.push_back(CompressedPiece{begin, std::move(segments), std::move(layout)});
+    pieces.push_back(makeCompressedPiece(begin, n == pieceElems ? Segments(segmentElems, p, true) : Segments(n, p), codec));
     if (count == 0) break;
   }
   return pieces;
@@ -75,17 +83,23 @@ std::vector<CompressedPiece> compressedPieces(size_t count, int p, codecs::Codec
 
 void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec, bool average,
                          size_t chunkBytes, std::vector<uint8_t>& scratch) {
+  compressedAllreducePieces(op, data, compressedPieces(count, op.size(), codec, chunkBytes), codec, average,
+                            1.0f / static_cast<float>(op.size()), scratch);
+}
+
+void compressedAllreducePieces(Op& op, float* data, const std::vector<CompressedPiece>& shapes, codecs::Codec codec,
+                               bool average, float factor, std::vector<uint8_t>& scratch, const PieceStages& stages) {
   const int p = op.size();
   const int r = op.rank();
   std::vector<Piece> pieces;
   size_t encodedTotal = 0;
   size_t receivedTotal = 0;
   size_t accElems = 0;  // this rank's largest segment (not the chunk: chunk_bytes may be huge)
-  for (auto& shape : compressedPieces(count, p, codec, chunkBytes)) {
+  for (const auto& shape : shapes) {
     const size_t encodedBytes = shape.layout.offset(p);
     const size_t mine = shape.layout.length(r);
     accElems = std::max(accElems, shape.segments.length(r));
-    pieces.push_back(Piece{std::move(shape), encodedTotal, receivedTotal});
+    pieces.push_back(Piece{shape, encodedTotal, receivedTotal});
     encodedTotal += encodedBytes;
     receivedTotal += p * mine;
   }
@@ -112,6 +126,7 @@ void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec,
   }
 
   auto encodeAndExchange = [&](size_t k) {
+    if (stages.before) stages.before(k);
     const Piece& piece = pieces[k];
     uint8_t* out = encoded + piece.encodedOffset;
     for (int i = 0; i < p; ++i) {
@@ -135,7 +150,7 @@ void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec,
     for (int q = 0; q < p; ++q) {
       if (q != r) codecs::decodeAdd(codec, received + piece.receivedOffset + q * mine, n, acc);
     }
-    if (average) scale(acc, n, 1.0f / static_cast<float>(p));
+    if (average) scale(acc, n, factor);
     uint8_t* sum = gathered + piece.encodedOffset + piece.shape.layout.offset(r);
     codecs::encode(codec, acc, n, sum);
     for (int i = 1; i < p; ++i) op.send((r + i) % p, gatherSlot(k), sum, mine);
@@ -147,6 +162,7 @@ void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec,
       codecs::decode(codec, gathered + piece.encodedOffset + piece.shape.layout.offset(i), piece.shape.segments.length(i),
                      data + piece.shape.begin + piece.shape.segments.offset(i));
     }
+    if (stages.after) stages.after(k);
   };
   // Software pipeline: while piece k's encodings travel, piece k-1 is reduced and piece k-2 decoded.
   for (size_t k = 0; k < numPieces + 2; ++k) {
@@ -159,6 +175,11 @@ void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec,
 
 void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
                              bool average, std::vector<uint8_t>& scratch) {
+  compressedReduceScatter(op, in, out, count, codec, average, 1.0f / static_cast<float>(op.size()), scratch);
+}
+
+void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
+                             bool average, float factor, std::vector<uint8_t>& scratch) {
   const int p = op.size();
   const int r = op.rank();
   Segments segments(count, p, true);
@@ -169,7 +190,7 @@ void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, 
   uint8_t* encoded = scratch.data();
   uint8_t* received = encoded + alignUp(total);
   reduceScatterEncoded(op, in, segments, codec, encoded, layout, received, out);
-  if (average) scale(out, count, 1.0f / static_cast<float>(p));
+  if (average) scale(out, count, factor);
 }
 
 void compressedAllgather(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,

@@ -9,6 +9,7 @@
 // Reduce-scatter is the first half (one rounding: the sum stays fp32); all-gather encodes once.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "../codecs/block_codec.h"
@@ -26,12 +27,33 @@ struct CompressedPiece {
   Segments layout;   // byte offsets of the segments' encodings laid one after another
 };
 std::vector<CompressedPiece> compressedPieces(size_t count, int p, codecs::Codec codec, size_t chunkBytes);
+// The elements of one segment of a full piece: chunkBytes of fp32 in whole blocks, at least one.
+size_t compressedSegmentElems(size_t chunkBytes);
+// A piece at `begin` cut into `segments` (one per rank of the op), with its encoded layout.
+CompressedPiece makeCompressedPiece(size_t begin, Segments segments, codecs::Codec codec);
 
+// What a caller runs around each piece of compressedAllreducePieces, in piece order on every rank:
+// `before(k)` just before piece k is encoded, `after(k)` once it is decoded. The hierarchical
+// all-reduce reduces a chunk inside the host there, and gathers it, while other pieces travel.
+struct PieceStages {
+  std::function<void(size_t)> before;
+  std::function<void(size_t)> after;
+};
+
+// `average`: the sums are multiplied by `scale` (1 / the number of contributions) before their
+// one encoding; the caller says how many there are, as a hierarchical op has more than op.size().
 void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec, bool average,
                          size_t chunkBytes, std::vector<uint8_t>& scratch);
+// The same over pieces that need not cover `data` (every piece's begin is relative to `data`); the
+// op's ranks must pass the same pieces.
+void compressedAllreducePieces(Op& op, float* data, const std::vector<CompressedPiece>& pieces, codecs::Codec codec,
+                               bool average, float scale, std::vector<uint8_t>& scratch,
+                               const PieceStages& stages = {});
 // in holds p * count floats; this rank's reduced block lands in out.
 void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
                              bool average, std::vector<uint8_t>& scratch);
+void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
+                             bool average, float scale, std::vector<uint8_t>& scratch);
 // out holds p * count floats.
 void compressedAllgather(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
                          size_t chunkBytes, std::vector<uint8_t>& scratch);

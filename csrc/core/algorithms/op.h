@@ -44,6 +44,11 @@ class Op {
   void finish();
   uint64_t bytesSent() const { return bytesSent_; }
   uint64_t bytesReceived() const { return bytesReceived_; }
+  // Counts a sub-op's bytes (one over a view of the group) as this op's.
+  void countBytesOf(const Op& part) {
+    bytesSent_ += part.bytesSent_;
+    bytesReceived_ += part.bytesReceived_;
+  }
 
   // Called when the algorithm threw `message`: reports it to the peers and detaches every request.
   void fail(const std::string& message);
@@ -80,6 +85,7 @@ struct Segments {
   size_t offset(int i) const { return offsets_[i]; }
   size_t length(int i) const { return offsets_[i + 1] - offsets_[i]; }
   size_t maxLength() const;
+  int parts() const { return static_cast<int>(offsets_.size()) - 1; }
 
  private:
   std::vector<size_t> offsets_;

@@ -310,6 +310,39 @@ void ShmGroup::reduceScatter(const void* in, void* out, size_t count, DataType d
   }
 }
 
+void ShmGroup::reduceScatterParts(void* data, const std::vector<size_t>& offsets, DataType dtype, ReduceOp op,
+                                  const OpSignature& sig, const ShmWait& wait) {
+  auto* bytes = static_cast<uint8_t*>(data);
+  const size_t esize = elementSize(dtype);
+  // A step carries one stretch of every part: the slot holds p of them, each on its own cache lines.
+  const size_t stretch = std::max<size_t>(64, slotBytes_ / size_ / 64 * 64);
+  size_t largest = 0;
+  for (int q = 0; q < size_; ++q) largest = std::max(largest, offsets[q + 1] - offsets[q]);
+  const size_t steps = std::max<size_t>(1, (largest + stretch - 1) / stretch);
+  auto part = [&](int q, size_t k) {
+    const size_t length = offsets[q + 1] - offsets[q];
+    const size_t begin = std::min(length, k * stretch);
+    return std::make_pair(offsets[q] + begin, std::min(length, begin + stretch) - begin);
+  };
+  std::vector<const void*> sources(size_);
+  for (size_t k = 0; k < steps; ++k) {
+    const uint32_t e = begin(sig, wait);
+    for (int q = 0; q < size_; ++q) {
+      auto [offset, n] = part(q, k);
+      if (q != rank_ && n > 0) std::memcpy(input(rank_, e) + q * stretch, bytes + offset, n);
+    }
+    arrive(e, wait);
+    auto [offset, n] = part(rank_, k);
+    if (n > 0) {
+      for (int q = 0; q < size_; ++q) sources[q] = q == rank_ ? bytes + offset : input(q, e) + rank_ * stretch;
+      // Through the result slot: the reduction may not overwrite a source it still reads.
+      codecs::reduceMany(result(rank_, e), sources.data(), size_, n / esize, dtype, op);
+      std::memcpy(bytes + offset, result(rank_, e), n);
+    }
+    finish(e);
+  }
+}
+
 void ShmGroup::allgatherParts(void* data, const std::vector<size_t>& offsets, const OpSignature& sig,
                               const ShmWait& wait) {
   auto* bytes = static_cast<uint8_t*>(data);

@@ -94,6 +94,10 @@ class ShmGroup {
   void reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, const OpSignature& sig,
                      const ShmWait& wait);
   void barrier(const OpSignature& sig, const ShmWait& wait);
+  // In place: rank r's part, bytes [offsets[r], offsets[r+1]) of `data`, becomes the reduction of
+  // every rank's bytes there; the other parts are left as they were.
+  void reduceScatterParts(void* data, const std::vector<size_t>& offsets, DataType dtype, ReduceOp op,
+                          const OpSignature& sig, const ShmWait& wait);
   // Every rank contributes data[offsets[r], offsets[r+1]) and receives everyone's part, in place.
   void allgatherParts(void* data, const std::vector<size_t>& offsets, const OpSignature& sig, const ShmWait& wait);
 
