@@ -60,17 +60,25 @@ def all_reduce(
     compression: str = "none",
     group: dist.ProcessGroup | None = None,
     async_op: bool = False,
+    residual: torch.Tensor | None = None,
 ) -> dist.Work | None:
     """All-reduce with an optional codec for this call (float32, SUM or AVG when compressed).
 
     Compressed, the result is rounded exactly twice whatever the world size: each rank encodes its
-    input once, and the sum of each segment is encoded once.
+    input once (with several ranks a host: each host's fp32 sum, slice by slice), and the sum of
+    each segment is encoded once.
+
+    ``residual`` (CPU, compressed only): a float32 tensor of the input's size, zeros at first, that
+    this rank passes again on every call: error feedback. What the first encoding drops is kept
+    there and added to what is encoded next time.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"pycomm: unknown compression {compression!r}; valid values: {', '.join(COMPRESSIONS)}")
     if compression == "none":
+        if residual is not None:
+            raise ValueError("pycomm: residual= (error feedback) needs a compression")
         return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
-    work = _backend(group).allreduce_compressed(tensor, op, compression)
+    work = _backend(group).allreduce_compressed(tensor, op, compression, residual)
     if async_op:
         return work
     work.wait()

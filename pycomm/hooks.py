@@ -9,7 +9,9 @@ bandwidth saved: those backends cannot sum fp8).
 
 With ``error_feedback=True`` the state keeps, per bucket, the fp32 residual between what this rank
 wanted to send and what the codec let through, and adds it to the next step's gradient (one fp32
-copy of the gradients in all).
+copy of the gradients in all). On a pycomm group with CPU tensors the core does it inside the
+encoding (no extra passes over the bucket in Python); with several ranks a host what is encoded is
+the host's sum of a slice, so the residual is that rounding's error, kept by the rank that made it.
 """
 
 # No `from __future__ import annotations` here: DDP inspects the hooks' annotations at runtime
@@ -57,17 +59,22 @@ def _compressed_allreduce(state: "CompressionState", codec: str, bucket: dist.Gr
     original_dtype = buffer.dtype
     grad = buffer if buffer.dtype == torch.float32 else buffer.to(torch.float32)
 
+    backend = pycomm_backend(group)
+    in_core = backend is not None and grad.device.type == "cpu"
+    residual: torch.Tensor | None = None
     if state.error_feedback:
         residual = state.residuals.get(bucket.index())
         if residual is None or residual.shape != grad.shape:
             residual = torch.zeros_like(grad)
-        grad = grad + residual
-        # The residual is what this rank's encoding drops; it is added back next step.
-        state.residuals[bucket.index()] = grad - _roundtrip(codec, grad)
+            state.residuals[bucket.index()] = residual
+        if not in_core:
+            grad = grad + residual
+            # The residual is what this rank's encoding drops; it is added back next step.
+            state.residuals[bucket.index()] = grad - _roundtrip(codec, grad)
+            residual = None
 
-    backend = pycomm_backend(group)
     if backend is not None:
-        work = backend.allreduce_compressed(grad, dist.ReduceOp.AVG, codec)
+        work = backend.allreduce_compressed(grad, dist.ReduceOp.AVG, codec, residual)
         fut = work.get_future()
 
         def done(f: torch.futures.Future) -> torch.Tensor:

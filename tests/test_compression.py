@@ -114,3 +114,51 @@ def test_training_with_each_hook_tracks_fp32(tmp_path: Path, pycomm: ModuleType)
     for hook, tolerance in (("fp16", 0.02), ("bf16", 0.02), ("fp8", 0.05)):
         loss = _train(hook, tmp_path)
         assert abs(loss - reference) <= tolerance * reference, (hook, loss, reference)
+
+
+def _feedback(rank: int, world: int) -> dict[str, object]:
+    """Error feedback in the core: each call encodes input + residual and keeps what that dropped."""
+    import pycomm
+
+    n = 4099
+    residual = torch.zeros(n)
+    checks: dict[str, object] = {}
+    for call in range(3):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(31 * call + rank))
+        sent = x + residual  # what this rank encodes (bf16 rounds element by element)
+        expect_residual = sent - sent.to(torch.bfloat16).to(torch.float32)
+        got = x.clone()
+        pycomm.all_reduce(got, op=dist.ReduceOp.AVG, compression="bf16", residual=residual)
+        plain = sent.clone()
+        pycomm.all_reduce(plain, op=dist.ReduceOp.AVG, compression="bf16")
+        checks[f"result {call}"] = torch.equal(got, plain)
+        checks[f"residual {call}"] = torch.equal(residual, expect_residual)
+    errors = {}
+    for name, bad in (("dtype", torch.zeros(n, dtype=torch.float64)), ("size", torch.zeros(n + 1)),
+                      ("strided", torch.zeros(2 * n)[::2])):
+        try:
+            pycomm.all_reduce(torch.ones(n), compression="bf16", residual=bad)
+            errors[name] = "no error"
+        except ValueError as error:
+            errors[name] = str(error)
+    t = torch.ones(n)
+    try:
+        pycomm.all_reduce(t, compression="bf16", residual=t)
+        errors["alias"] = "no error"
+    except ValueError as error:
+        errors["alias"] = str(error)
+    checks["errors"] = errors
+    # The group is still in step after the rejected calls.
+    ones = torch.ones(7)
+    pycomm.all_reduce(ones, compression="bf16")
+    checks["after"] = ones.tolist() == [float(world)] * 7
+    return checks
+
+
+@pytest.mark.usefixtures("pycomm")
+def test_error_feedback_in_the_core() -> None:
+    for result in run_ranks(_feedback, 3, backend="pycomm", timeout_s=120):
+        errors = result.pop("errors")
+        assert all(result.values()), result
+        for name, message in errors.items():
+            assert "residual" in message, (name, message)

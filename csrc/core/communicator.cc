@@ -659,11 +659,11 @@ OpSignature compressedSignature(OpKind kind, size_t count, codecs::Codec codec, 
 }
 }  // namespace
 
-void Communicator::allreduceCompressed(float* data, size_t count, codecs::Codec codec, bool average) {
+void Communicator::allreduceCompressed(float* data, size_t count, codecs::Codec codec, bool average, float* residual) {
   const OpSignature signature = compressedSignature(OpKind::kAllreduce, count, codec, average);
   if (runHierarchical(signature, "hierarchical-compressed", [&](Op& cross, const algorithms::HostGrid& host) {
         algorithms::hierarchicalCompressedAllreduce(cross, host, data, count, codec, average, config_.chunkBytes,
-                                                    scratch_);
+                                                    scratch_, residual);
       })) {
     return;
   }
@@ -671,11 +671,17 @@ void Communicator::allreduceCompressed(float* data, size_t count, codecs::Codec 
     if (size() == 1) {
       // One rank still rounds the way the group would, so results do not depend on the world size.
       std::vector<uint8_t> encoded(codecs::encodedBytes(codec, count));
+      if (residual != nullptr) {
+        std::vector<float> decoded(count);
+        algorithms::encodeWithFeedback(codec, data, residual, count, encoded.data(), decoded.data());
+        std::copy(decoded.begin(), decoded.end(), data);
+        return;
+      }
       codecs::encode(codec, data, count, encoded.data());
       codecs::decode(codec, encoded.data(), count, data);
       return;
     }
-    algorithms::compressedAllreduce(o, data, count, codec, average, config_.chunkBytes, scratch_);
+    algorithms::compressedAllreduce(o, data, count, codec, average, config_.chunkBytes, scratch_, residual);
   });
 }
 

@@ -120,7 +120,8 @@ class Communicator {
   void barrier();
 
   // Compressed fp32 collectives (algorithms/compressed.h): rounding twice at any world size.
-  void allreduceCompressed(float* data, size_t count, codecs::Codec codec, bool average);
+  // `residual`: error feedback (algorithms/compressed.h), count floats this rank keeps between calls.
+  void allreduceCompressed(float* data, size_t count, codecs::Codec codec, bool average, float* residual = nullptr);
   void reduceScatterCompressed(const float* in, float* out, size_t count, codecs::Codec codec, bool average);
   void allgatherCompressed(const float* in, float* out, size_t count, codecs::Codec codec);
 

@@ -803,11 +803,27 @@ std::optional<codecs::Codec> PycommBackend::compressionFor(const at::Tensor& t,
 
 c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Tensor& tensor,
                                                                     const ::c10d::ReduceOp& op,
-                                                                    const std::string& codecName) try {
+                                                                    const std::string& codecName,
+                                                                    const std::optional<at::Tensor>& residual) try {
   const OverrideScope scope;
   Validator v(rank_, size_, "allreduce");
   const auto device = v.deviceOf({tensor});
   if (!device) v.tensor(tensor);
+  if (residual) {
+    TORCH_CHECK_VALUE(!device && residual->device().is_cpu(), v.where(),
+                      "error feedback in the core (residual=) takes CPU tensors; got ", tensor.device(), " and ",
+                      residual->device());
+    TORCH_CHECK_VALUE(residual->scalar_type() == at::kFloat && residual->is_contiguous() &&
+                          residual->numel() == tensor.numel(),
+                      v.where(), "residual must be a contiguous float32 tensor of ", tensor.numel(),
+                      " elements, got ", residual->scalar_type(), " of ", residual->numel(),
+                      residual->is_contiguous() ? "" : " (not contiguous)");
+    const auto* a = static_cast<const char*>(residual->data_ptr());
+    const auto* b = static_cast<const char*>(tensor.data_ptr());
+    const size_t bytes = static_cast<size_t>(tensor.numel()) * sizeof(float);
+    TORCH_CHECK_VALUE(bytes == 0 || a + bytes <= b || b + bytes <= a, v.where(),
+                      "residual must not share memory with the tensor");
+  }
   TORCH_CHECK_TYPE(tensor.scalar_type() == at::kFloat, v.where(), "compression needs a float32 tensor, got ",
                    tensor.scalar_type());
   TORCH_CHECK_VALUE(op.op_ == ::c10d::ReduceOp::SUM || op.op_ == ::c10d::ReduceOp::AVG, v.where(),
@@ -836,8 +852,10 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
     return runStaged(staging, [&] { return allreduceCompressed(host, op, codecName); });
   }
   Contiguous c(tensor);
-  return submit(OpType::ALLREDUCE, "pycomm:all_reduce_compressed", {tensor}, [comm, c, codec, average] {
-    comm->allreduceCompressed(c.flat.data_ptr<float>(), c.flat.numel(), codec, average);
+  const at::Tensor kept = residual ? *residual : at::Tensor();  // alive until the op ran
+  return submit(OpType::ALLREDUCE, "pycomm:all_reduce_compressed", {tensor}, [comm, c, codec, average, kept] {
+    comm->allreduceCompressed(c.flat.data_ptr<float>(), c.flat.numel(), codec, average,
+                              kept.defined() ? kept.data_ptr<float>() : nullptr);
     c.copyBack();
   });
 } catch (const std::exception& error) {

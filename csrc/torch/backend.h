@@ -83,8 +83,11 @@ class PycommBackend final : public ::c10d::Backend {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return comm_->sequenceNumber(); }
   // An all-reduce compressed with `codec` ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2"), SUM or AVG.
+  // `residual` (CPU tensors only): a contiguous float32 tensor of the same size that this rank keeps
+  // between calls, zeros at first, for error feedback in the core (algorithms/compressed.h).
   c10::intrusive_ptr<::c10d::Work> allreduceCompressed(const at::Tensor& tensor, const ::c10d::ReduceOp& op,
-                                                       const std::string& codec);
+                                                       const std::string& codec,
+                                                       const std::optional<at::Tensor>& residual = std::nullopt);
   std::map<std::string, Communicator::OpStats> stats() const { return comm_->stats(); }
 
   // Applies to every all-reduce issued after it, in issue order (so the same on every rank).

@@ -123,7 +123,9 @@ PYBIND11_MODULE(_C, m) {
       // Without the GIL: a group's first CUDA op waits for the worker (the NCCL route decision),
       // whose completion callbacks may need it.
       .def("allreduce_compressed", &PycommBackend::allreduceCompressed, py::arg("tensor"), py::arg("op"),
-           py::arg("codec"), "All-reduce a float32 tensor compressed with codec (rounding twice).",
+           py::arg("codec"), py::arg("residual") = std::nullopt,
+           "All-reduce a float32 tensor compressed with codec (rounding twice); residual: a float32 CPU "
+           "tensor of the same size kept between calls, for error feedback.",
            py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const PycommBackend& backend) {
              py::dict out;

@@ -5,7 +5,8 @@
 // through the codec, the owner of a segment adds the hosts' rounded sums (its own first, then the
 // others in host order) in fp32, scales, and rounds once more. The reference takes only the places
 // where encoded segments begin (fp8 block scales start there) from the schedule's cut; the sums and
-// roundings are its own. Also: all ranks agree, the error against the exact double sum is small,
+// roundings are its own. One rank a host is the flat schedule, checked the same way. Error feedback
+// is checked the same way, residuals included. Also: all ranks agree, the error against the exact double sum is small,
 // the stats count the bytes that crossed, and a mismatch between ranks fails rather than hangs.
 #include <cmath>
 #include <cstring>
@@ -62,12 +63,23 @@ std::vector<float> hostSum(const Grid& g, const std::vector<std::vector<float>>&
   return sum;
 }
 
-// The reference all-reduce of elements [begin, begin + n), one encoded segment owned by cross rank `owner`.
+// The reference all-reduce of elements [begin, begin + n), one encoded segment owned by cross rank
+// `owner`, of local index `local`. With `residuals` (error feedback), the residual of the rank of
+// that local index on each host is added to the host's sum before it is rounded, and becomes what
+// that rounding dropped.
 void referenceSegment(const Grid& g, const std::vector<std::vector<float>>& inputs, codecs::Codec codec, bool average,
-                      size_t begin, size_t n, int owner, std::vector<float>& out) {
+                      size_t begin, size_t n, int owner, int local, std::vector<float>& out,
+                      std::vector<std::vector<float>>* residuals) {
   std::vector<std::vector<float>> rounded(g.hosts);
   for (int h = 0; h < g.hosts; ++h) {
-    const auto sum = hostSum(g, inputs, h, begin, n);
+    auto sum = hostSum(g, inputs, h, begin, n);
+    if (residuals != nullptr) {
+      float* r = (*residuals)[g.rankAt(h, local)].data() + begin;
+      for (size_t i = 0; i < n; ++i) sum[i] += r[i];
+      rounded[h] = roundTrip(codec, sum.data(), n);
+      for (size_t i = 0; i < n; ++i) r[i] = sum[i] - rounded[h][i];
+      continue;
+    }
     rounded[h] = roundTrip(codec, sum.data(), n);
   }
   std::vector<float> acc = rounded[owner];
@@ -84,14 +96,15 @@ void referenceSegment(const Grid& g, const std::vector<std::vector<float>>& inpu
 }
 
 std::vector<float> referenceAllreduce(const Grid& g, const std::vector<std::vector<float>>& inputs,
-                                      codecs::Codec codec, bool average, size_t count) {
+                                      codecs::Codec codec, bool average, size_t count,
+                                      std::vector<std::vector<float>>* residuals = nullptr) {
   std::vector<float> out(count);
   for (int l = 0; l < g.perHost; ++l) {
     const auto cut = algorithms::hierarchicalCut(count, l, g.perHost, g.hosts, codec, kChunkBytes);
     for (const auto& piece : cut.pieces) {
       for (int h = 0; h < g.hosts; ++h) {
         referenceSegment(g, inputs, codec, average, piece.begin + piece.segments.offset(h), piece.segments.length(h), h,
-                         out);
+                         l, out, residuals);
       }
     }
   }
@@ -186,6 +199,35 @@ void checkReduceScatterAndAllgather(const Grid& g, std::vector<std::unique_ptr<C
   }
 }
 
+// Error feedback over three calls: results and residuals bit for bit as the reference says.
+void checkErrorFeedback(const Grid& g, std::vector<std::unique_ptr<Communicator>>& comms) {
+  for (codecs::Codec codec : {codecs::Codec::kBf16, codecs::Codec::kFp8E4M3}) {
+    for (size_t count : {size_t{1}, size_t{257}, size_t{100003}}) {
+      std::vector<std::vector<float>> residuals(g.size(), std::vector<float>(count, 0.0f));
+      std::vector<std::vector<float>> expectResiduals = residuals;
+      for (uint32_t call = 0; call < 3; ++call) {
+        std::vector<std::vector<float>> inputs(g.size()), outputs(g.size());
+        for (int r = 0; r < g.size(); ++r) inputs[r] = randomInput(r, count, 100 + call);
+        runRanks(g.size(), [&](int r) {
+          outputs[r] = inputs[r];
+          comms[r]->allreduceCompressed(outputs[r].data(), count, codec, true, residuals[r].data());
+        });
+        const auto expect = referenceAllreduce(g, inputs, codec, true, count, &expectResiduals);
+        for (int r = 0; r < g.size(); ++r) {
+          EXPECT_TRUE(sameBits(outputs[r].data(), expect.data(), count), g.hosts, "x", g.perHost, " ",
+                      codecs::codecName(codec), " error feedback call ", call, " count ", count, ": rank ", r, " result");
+          EXPECT_TRUE(sameBits(residuals[r].data(), expectResiduals[r].data(), count), g.hosts, "x", g.perHost, " ",
+                      codecs::codecName(codec), " error feedback call ", call, " count ", count, ": rank ", r,
+                      " residual");
+        }
+      }
+      double kept = 0;
+      for (const auto& r : residuals) for (float x : r) kept += std::abs(x);
+      EXPECT_TRUE(count < 257 || kept > 0, "error feedback keeps a residual");
+    }
+  }
+}
+
 // Only what crosses hosts is counted, and it is compressed: about count * 2 bytes (fp16) for a
 // 2-host all-reduce, shared among a host's ranks.
 void checkBytesAcrossHosts(const Grid& g, std::vector<std::unique_ptr<Communicator>>& comms) {
@@ -230,11 +272,13 @@ void checkMismatch(const Grid& g, std::vector<std::unique_ptr<Communicator>>& co
 }  // namespace
 
 int main() {
-  for (Grid g : {Grid{2, 2}, Grid{3, 2}, Grid{2, 3}}) {
+  // One rank a host is the flat schedule, which the same reference describes.
+  for (Grid g : {Grid{2, 2}, Grid{3, 2}, Grid{2, 3}, Grid{3, 1}}) {
     MemoryStore store;
     auto comms = makeGroup(g, store);
     checkAllreduce(g, comms);
     checkReduceScatterAndAllgather(g, comms);
+    checkErrorFeedback(g, comms);
     checkBytesAcrossHosts(g, comms);
   }
   {

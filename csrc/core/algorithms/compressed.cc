@@ -81,14 +81,22 @@ std::vector<CompressedPiece> compressedPieces(size_t count, int p, codecs::Codec
   return pieces;
 }
 
+void encodeWithFeedback(codecs::Codec codec, float* data, float* residual, size_t n, uint8_t* out, float* decoded) {
+  for (size_t i = 0; i < n; ++i) data[i] += residual[i];
+  codecs::encode(codec, data, n, out);
+  codecs::decode(codec, out, n, decoded);
+  for (size_t i = 0; i < n; ++i) residual[i] = data[i] - decoded[i];
+}
+
 void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec, bool average,
-                         size_t chunkBytes, std::vector<uint8_t>& scratch) {
+                         size_t chunkBytes, std::vector<uint8_t>& scratch, float* residual) {
   compressedAllreducePieces(op, data, compressedPieces(count, op.size(), codec, chunkBytes), codec, average,
-                            1.0f / static_cast<float>(op.size()), scratch);
+                            1.0f / static_cast<float>(op.size()), scratch, residual);
 }
 
 void compressedAllreducePieces(Op& op, float* data, const std::vector<CompressedPiece>& shapes, codecs::Codec codec,
-                               bool average, float factor, std::vector<uint8_t>& scratch, const PieceStages& stages) {
+                               bool average, float factor, std::vector<uint8_t>& scratch, float* residual,
+                               const PieceStages& stages) {
   const int p = op.size();
   const int r = op.rank();
   std::vector<Piece> pieces;
@@ -98,7 +106,8 @@ void compressedAllreducePieces(Op& op, float* data, const std::vector<Compressed
   for (const auto& shape : shapes) {
     const size_t encodedBytes = shape.layout.offset(p);
     const size_t mine = shape.layout.length(r);
-    accElems = std::max(accElems, shape.segments.length(r));
+    // With error feedback acc also takes the decoded copy of any segment this rank encodes.
+    accElems = std::max(accElems, residual != nullptr ? shape.segments.maxLength() : shape.segments.length(r));
     pieces.push_back(Piece{shape, encodedTotal, receivedTotal});
     encodedTotal += encodedBytes;
     receivedTotal += p * mine;
@@ -130,8 +139,14 @@ void compressedAllreducePieces(Op& op, float* data, const std::vector<Compressed
     const Piece& piece = pieces[k];
     uint8_t* out = encoded + piece.encodedOffset;
     for (int i = 0; i < p; ++i) {
-      codecs::encode(codec, data + piece.shape.begin + piece.shape.segments.offset(i), piece.shape.segments.length(i),
-                     out + piece.shape.layout.offset(i));
+      const size_t at = piece.shape.begin + piece.shape.segments.offset(i);
+      if (residual != nullptr) {
+        // data's copy of the piece is free now: what comes back overwrites it (decodeGathered).
+        encodeWithFeedback(codec, data + at, residual + at, piece.shape.segments.length(i),
+                           out + piece.shape.layout.offset(i), acc);
+      } else {
+        codecs::encode(codec, data + at, piece.shape.segments.length(i), out + piece.shape.layout.offset(i));
+      }
     }
     // Start with the next rank, so that not every rank sends to rank 0 first.
     for (int i = 1; i < p; ++i) {

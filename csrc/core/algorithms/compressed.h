@@ -40,14 +40,21 @@ struct PieceStages {
   std::function<void(size_t)> after;
 };
 
+// Error feedback, where `residual` (count floats, zero at first) is given: what this rank's first
+// encoding drops is kept there and added to the data it encodes next time, element for element:
+//   x = data + residual;  code = encode(x);  residual = x - decode(code)
+// In a hierarchical op local rank l encodes the host's sum of slice l, so its residual holds the
+// host's error on that slice (and zeros elsewhere): every rounding of the first kind is fed back once.
+void encodeWithFeedback(codecs::Codec codec, float* data, float* residual, size_t n, uint8_t* out, float* decoded);
+
 // `average`: the sums are multiplied by `scale` (1 / the number of contributions) before their
 // one encoding; the caller says how many there are, as a hierarchical op has more than op.size().
 void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec, bool average,
-                         size_t chunkBytes, std::vector<uint8_t>& scratch);
-// The same over pieces that need not cover `data` (every piece's begin is relative to `data`); the
-// op's ranks must pass the same pieces.
+                         size_t chunkBytes, std::vector<uint8_t>& scratch, float* residual = nullptr);
+// The same over pieces that need not cover `data` (every piece's begin is relative to `data`, and
+// to `residual`); the op's ranks must pass the same pieces.
 void compressedAllreducePieces(Op& op, float* data, const std::vector<CompressedPiece>& pieces, codecs::Codec codec,
-                               bool average, float scale, std::vector<uint8_t>& scratch,
+                               bool average, float scale, std::vector<uint8_t>& scratch, float* residual = nullptr,
                                const PieceStages& stages = {});
 // in holds p * count floats; this rank's reduced block lands in out.
 void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,

@@ -50,7 +50,7 @@ HierarchicalCut hierarchicalCut(size_t count, int localRank, int localSize, int 
 
 void hierarchicalCompressedAllreduce(Op& cross, const HostGrid& host, float* data, size_t count,
                                      codecs::Codec codec, bool average, size_t chunkBytes,
-                                     std::vector<uint8_t>& scratch) {
+                                     std::vector<uint8_t>& scratch, float* residual) {
   const HierarchicalCut cut =
       hierarchicalCut(count, host.local.rank(), host.local.size(), cross.size(), codec, chunkBytes);
   PieceStages stages;
@@ -62,7 +62,7 @@ void hierarchicalCompressedAllreduce(Op& cross, const HostGrid& host, float* dat
     host.local.allgatherParts(data + cut.chunkBegin[k], byteOffsets(cut.sliceOffsets[k]), host.sig, host.wait);
   };
   compressedAllreducePieces(cross, data, cut.pieces, codec, average, 1.0f / static_cast<float>(host.worldSize()),
-                            scratch, stages);
+                            scratch, residual, stages);
 }
 
 void hierarchicalCompressedReduceScatter(Op& cross, const HostGrid& host, const float* in, float* out, size_t count,

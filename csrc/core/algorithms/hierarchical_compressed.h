@@ -47,7 +47,7 @@ HierarchicalCut hierarchicalCut(size_t count, int localRank, int localSize, int 
 
 void hierarchicalCompressedAllreduce(Op& cross, const HostGrid& host, float* data, size_t count,
                                      codecs::Codec codec, bool average, size_t chunkBytes,
-                                     std::vector<uint8_t>& scratch);
+                                     std::vector<uint8_t>& scratch, float* residual = nullptr);
 // in holds world * count floats; this rank's block lands in out.
 void hierarchicalCompressedReduceScatter(Op& cross, const HostGrid& host, const float* in, float* out, size_t count,
                                          codecs::Codec codec, bool average, std::vector<uint8_t>& scratch,
