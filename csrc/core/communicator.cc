@@ -57,8 +57,13 @@ OpSignature makeSignature(OpKind kind, DataType dtype, ReduceOp op, int root, si
 
 size_t alignUp(size_t n) { return (n + 63) & ~size_t{63}; }
 
-Config withClampedTimeout(Config config) {
+// The user's settings, made safe to compute with: a chunk past 1 TiB cuts nothing a chunk of 1 TiB
+// would not, and keeps chunk x world far from overflowing (a wrap to 0 would never end a cutting loop).
+constexpr size_t kMaxChunkBytes = size_t{1} << 40;
+
+Config withClampedLimits(Config config) {
   config.timeout = clampTimeout(config.timeout);
+  config.chunkBytes = std::min(config.chunkBytes, kMaxChunkBytes);
   return config;
 }
 
@@ -68,7 +73,7 @@ constexpr size_t kShortMessageBytes = 64 * 1024;
 }  // namespace
 
 Communicator::Communicator(const Config& config, Store& store)
-    : config_(withClampedTimeout(config)),
+    : config_(withClampedLimits(config)),
       prefix_(strCat("[rank ", config.rank, "/", config.size, "]")),
       logger_(config.logLevel, strCat("[rank ", config.rank, "/", config.size, " group ",
                                       config.groupName.empty() ? "default" : config.groupName, "]")),

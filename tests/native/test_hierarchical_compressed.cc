@@ -34,10 +34,11 @@ struct Grid {
   int rankAt(int host, int local) const { return local * hosts + host; }
 };
 
-std::vector<std::unique_ptr<Communicator>> makeGroup(const Grid& g, MemoryStore& store) {
+std::vector<std::unique_ptr<Communicator>> makeGroup(const Grid& g, MemoryStore& store,
+                                                     size_t chunkBytes = kChunkBytes) {
   return pycomm::testing::makeGroup(g.size(), store, [&](int r, Config& config) {
     config.timeout = std::chrono::seconds(30);
-    config.chunkBytes = kChunkBytes;
+    config.chunkBytes = chunkBytes;
     config.shmSlotBytes = 4096;
     config.hostId = strCat("host", r % g.hosts);
   });
@@ -269,9 +270,46 @@ void checkMismatch(const Grid& g, std::vector<std::unique_ptr<Communicator>>& co
   EXPECT_TRUE(took < std::chrono::seconds(20), "the mismatch was found before the timeout");
 }
 
+// chunk_bytes comes from the user: a huge one is "do not cut", never an overflow. (Segments of
+// 2^61 elements times 8 ranks wrapped to 0, and cutting the data into pieces never ended.)
+void checkHugeChunk() {
+  for (Grid g : {Grid{4, 2}, Grid{8, 1}}) {
+    MemoryStore store;
+    // 2^61 elements a segment, times 8 ranks: 2^64.
+    auto comms = makeGroup(g, store, size_t{1} << 63);
+    const size_t count = 1000;
+    std::vector<std::vector<float>> outputs(g.size());
+    std::vector<std::vector<uint8_t>> bytes(g.size());
+    runRanks(g.size(), [&](int r) {
+      outputs[r].assign(count, static_cast<float>(r + 1));
+      comms[r]->allreduceCompressed(outputs[r].data(), count, codecs::Codec::kBf16, false);
+      bytes[r].assign(count, 1);
+      comms[r]->allreduce(bytes[r].data(), count, DataType::kUInt8, ReduceOp::kSum);
+      // The other ops that cut by chunk_bytes: they complete with the right bytes too.
+      std::vector<uint8_t> b(count, static_cast<uint8_t>(r));
+      comms[r]->broadcast(b.data(), count, DataType::kUInt8, 1);
+      std::vector<uint8_t> red(count, 1), all(count * g.size()), rs(count);
+      comms[r]->reduce(red.data(), count, DataType::kUInt8, ReduceOp::kSum, 0);
+      comms[r]->allgather(b.data(), all.data(), count, DataType::kUInt8);
+      comms[r]->reduceScatter(all.data(), rs.data(), count, DataType::kUInt8, ReduceOp::kSum);
+      EXPECT_TRUE(b[0] == 1 && b[count - 1] == 1, "huge chunk_bytes broadcast rank ", r);
+      EXPECT_TRUE(r != 0 || (red[0] == g.size() && red[count - 1] == g.size()), "huge chunk_bytes reduce");
+      EXPECT_TRUE(all[0] == 1 && all.back() == 1, "huge chunk_bytes allgather rank ", r);
+      EXPECT_TRUE(rs[0] == g.size() && rs[count - 1] == g.size(), "huge chunk_bytes reduce-scatter rank ", r);
+    });
+    const float expect = static_cast<float>(g.size() * (g.size() + 1) / 2);
+    for (int r = 0; r < g.size(); ++r) {
+      EXPECT_TRUE(outputs[r][0] == expect && outputs[r][count - 1] == expect, g.hosts, "x", g.perHost,
+                  " huge chunk_bytes: rank ", r, " got ", outputs[r][0]);
+      EXPECT_TRUE(bytes[r][0] == g.size() && bytes[r][count - 1] == g.size(), "huge chunk_bytes, uint8 all-reduce ", g.hosts, "x", g.perHost, " rank ", r, " got ", int(bytes[r][0]), " ", int(bytes[r][count - 1]));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
+  checkHugeChunk();
   // One rank a host is the flat schedule, which the same reference describes.
   for (Grid g : {Grid{2, 2}, Grid{3, 2}, Grid{2, 3}, Grid{3, 1}}) {
     MemoryStore store;

@@ -6,6 +6,7 @@
 // waiting), every request still pending is detached from its buffer, and late frames are dropped.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +79,13 @@ constexpr uint32_t kAckSlot = 0xfffffff0u;
 constexpr uint32_t kAnnounceSlot = 0xfffffff1u;
 
 // Splits `count` elements into `parts` contiguous segments whose sizes differ by at most one.
+// The chunk an algorithm cuts with: one longer than the longest stretch it cuts cuts nothing, so it
+// is that stretch (scratch is then sized by the data, not by a chunk_bytes far above it). The cut is
+// the same either way.
+inline size_t chunkWithin(size_t chunkElems, size_t longest) {
+  return chunkElems < longest ? std::max<size_t>(1, chunkElems) : std::max<size_t>(1, longest);
+}
+
 struct Segments {
   Segments(size_t count, int parts);
   Segments(size_t countPerPart, int parts, bool /*equal*/);

@@ -72,12 +72,14 @@ size_t ringChunkCount(const Segments& segments, size_t chunkElems) {
 }
 
 size_t ringScratchBytes(const Segments& segments, size_t chunkElems, DataType dtype) {
+  chunkElems = chunkWithin(chunkElems, segments.maxLength());
   // Two steps' worth of chunks, so the receive for step s+2 can be posted while step s+1 lands.
   return 2 * ringChunkCount(segments, chunkElems) * chunkElems * elementSize(dtype);
 }
 
 void ringAllreduce(Op& op, const RingBuffers& buffers, const Segments& segments, DataType dtype,
                    ReduceOp reduceOp, size_t chunkElems, bool allgather) {
+  chunkElems = chunkWithin(chunkElems, segments.maxLength());
   const int p = op.size();
   if (p == 1) return;
   const int r = op.rank();

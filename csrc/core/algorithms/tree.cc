@@ -48,6 +48,7 @@ TreeNode doubleTreeNode(int rank, int size, int tree) {
 size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype) {
   // One receive area per child per chunk of the larger half.
   const size_t half = (count + 1) / 2;
+  chunkElems = chunkWithin(chunkElems, half);
   const size_t chunks = std::max<size_t>(1, (half + chunkElems - 1) / chunkElems);
   return 2 * 2 * chunks * chunkElems * elementSize(dtype);
 }
@@ -59,6 +60,7 @@ void treeAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataTy
   const size_t esize = elementSize(dtype);
   const size_t halves[2] = {(count + 1) / 2, count / 2};
   const size_t base[2] = {0, (count + 1) / 2};
+  chunkElems = chunkWithin(chunkElems, halves[0]);
   const size_t chunks = std::max<size_t>(1, (halves[0] + chunkElems - 1) / chunkElems);
   TreeNode nodes[2] = {doubleTreeNode(op.rank(), p, 0), doubleTreeNode(op.rank(), p, 1)};
   auto chunk = [&](int t, size_t c) {
