@@ -70,7 +70,8 @@ def all_reduce(
 
     ``residual`` (CPU, compressed only): a float32 tensor of the input's size, zeros at first, that
     this rank passes again on every call: error feedback. What the first encoding drops is kept
-    there and added to what is encoded next time.
+    there and added to what is encoded next time. After a call that raised, the tensor and the
+    residual hold no defined value.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"pycomm: unknown compression {compression!r}; valid values: {', '.join(COMPRESSIONS)}")

@@ -141,12 +141,16 @@ def _feedback(rank: int, world: int) -> dict[str, object]:
             errors[name] = "no error"
         except ValueError as error:
             errors[name] = str(error)
-    t = torch.ones(n)
-    try:
-        pycomm.all_reduce(t, compression="bf16", residual=t)
-        errors["alias"] = "no error"
-    except ValueError as error:
-        errors["alias"] = str(error)
+    storage = torch.ones(2 * n)
+    for name, tensor, bad in (("alias", storage[:n], storage[:n]), ("overlap", storage[:n], storage[n // 2: n // 2 + n]),
+                              ("requires_grad", torch.ones(n), torch.zeros(n, requires_grad=True))):
+        try:
+            pycomm.all_reduce(tensor, compression="bf16", residual=bad)
+            errors[name] = "no error"
+        except ValueError as error:
+            errors[name] = str(error)
+    # Disjoint parts of one storage are fine.
+    pycomm.all_reduce(storage[:n], compression="bf16", residual=torch.zeros(2 * n)[n:])
     checks["errors"] = errors
     # The group is still in step after the rejected calls.
     ones = torch.ones(7)
@@ -162,3 +166,32 @@ def test_error_feedback_in_the_core() -> None:
         assert all(result.values()), result
         for name, message in errors.items():
             assert "residual" in message, (name, message)
+
+
+def _hook_feedback(rank: int, world: int) -> dict[str, float]:
+    """bf16_hook with error feedback on a pycomm group: after one step each rank's residual is what
+    bf16 drops of its own gradient (one host, flat: every rank encodes its own bucket)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    import pycomm.hooks
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(37, 11)
+    x = torch.randn(5, 37, generator=torch.Generator().manual_seed(rank))
+    local = torch.nn.Linear(37, 11)
+    local.load_state_dict(model.state_dict())
+    local(x).square().sum().backward()
+    expected = sum(float((p.grad - p.grad.to(torch.bfloat16).float()).abs().sum()) for p in local.parameters())
+    ddp = DistributedDataParallel(model)
+    state = pycomm.hooks.CompressionState(error_feedback=True)
+    ddp.register_comm_hook(state, pycomm.hooks.bf16_hook)
+    ddp(x).square().sum().backward()
+    kept = sum(float(r.abs().sum()) for r in state.residuals.values())
+    return {"kept": kept, "expected": expected}
+
+
+@pytest.mark.usefixtures("pycomm")
+def test_hook_error_feedback_keeps_the_residual_in_the_core() -> None:
+    for result in run_ranks(_hook_feedback, 2, backend="pycomm", timeout_s=120):
+        assert result["expected"] > 0
+        assert abs(result["kept"] - result["expected"]) <= 1e-4 * result["expected"], result

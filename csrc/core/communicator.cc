@@ -119,8 +119,8 @@ void Communicator::rejectCollective(const std::string& message) {
   const uint64_t seq = ++seq_;
   // The peers may be in a step of this op in shared memory, which this rank never joins: their
   // published flags would pair with this rank's next op. The group leaves shared memory first.
-  if (shm_ && !shmBroken_) {
-    shm_->abandon(seq + 1);
+  if (algorithms::ShmGroup* group = localGroup(); group != nullptr && !shmBroken_) {
+    group->abandon(seq + 1);
     shmBroken_ = true;
   }
   transport_->reportFailure(seq, message);
@@ -159,10 +159,28 @@ void Communicator::setupSharedMemory(Store& store) {
 void Communicator::formSharedMemoryGroups(Store& store, const std::function<std::string(int)>& segmentName) {
   const std::string mine = config_.hostId;
   store.set(strCat("pycomm/host/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  // chunk_bytes cuts the shared-memory steps of the hierarchical schedules: ranks that disagree on
+  // it would pair steps of different lengths, which no signature tells apart.
+  const std::string chunk = std::to_string(config_.chunkBytes);
+  store.set(strCat("pycomm/chunk_bytes/", rank()), std::vector<uint8_t>(chunk.begin(), chunk.end()));
   std::vector<std::string> hosts(size());
+  std::string otherChunk;
+  int otherRank = -1;
   for (int q = 0; q < size(); ++q) {
     auto id = store.get(strCat("pycomm/host/", q), timeout());
     hosts[q] = std::string(id.begin(), id.end());
+    auto theirs = store.get(strCat("pycomm/chunk_bytes/", q), timeout());
+    if (otherRank < 0 && std::string(theirs.begin(), theirs.end()) != chunk) {
+      otherRank = q;
+      otherChunk.assign(theirs.begin(), theirs.end());
+    }
+  }
+  if (otherRank >= 0) {
+    // Every rank sees some disagreement, so all go without shared memory; the connections' frames
+    // carry their lengths, so a schedule cut differently fails there with a clear error.
+    logger_.log(LogLevel::kWarn, strCat("chunk_bytes differs between ranks (rank ", otherRank, ": ", otherChunk,
+                                        ", this rank: ", chunk, "): the group runs without shared memory"));
+    return;
   }
   // Hosts in order of their first rank; each host's ranks in rank order.
   std::vector<std::string> order;
@@ -260,7 +278,7 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
 
 template <typename Body>
 bool Communicator::runShm(OpSignature signature, const char* algorithm, Body body) {
-  if (!sharedMemoryFor(seq_.load() + 1)) return false;
+  if (!shm_ || !sharedMemoryFor(seq_.load() + 1)) return false;
   runCollective(signature, algorithm, [&](Op& o) {
     const algorithms::ShmWait wait = shmWait(o);
     try {
@@ -282,12 +300,17 @@ algorithms::ShmWait Communicator::shmWait(const Op& o) {
                              [this](uint64_t seq) { return transport_->peerReportedFailure(seq); }};
 }
 
+algorithms::ShmGroup* Communicator::localGroup() const {
+  return shm_ ? shm_.get() : hierarchy_ ? hierarchy_->local.get() : nullptr;
+}
+
 bool Communicator::sharedMemoryFor(uint64_t seq) {
-  if (!shm_ || shmBroken_) return false;
+  algorithms::ShmGroup* group = localGroup();
+  if (group == nullptr || shmBroken_) return false;
   // Decided once per op: the adapter asks (allreducesInSharedMemory) before the op asks again.
   if (shmDecidedFor_ != seq) {
     shmDecidedFor_ = seq;
-    if (shm_->abandonedAt(seq)) {
+    if (group->abandonedAt(seq)) {
       shmBroken_ = true;
       logger_.log(LogLevel::kInfo, strCat("op #", seq, " and later run over the connections: the group gave shared "
                                           "memory up after a failure"));
@@ -602,12 +625,13 @@ void Communicator::alltoall(const void* in, const std::vector<size_t>& sendCount
 
 void Communicator::setAlgorithm(Algorithm algorithm) { config_.algorithm = algorithm; }
 
-// Only a failure inside the op moves this host to the flat path (a failure a peer reported
-// afterwards, of an op that completed here, leaves the steps in agreement). The other hosts cannot
-// see this host's segment, so they do not follow: docs/RELIABILITY.md.
+// A failure inside the op moves this host to the flat path, every rank of it (abandon); a failure
+// a peer reported afterwards, of an op that completed here, leaves the steps in agreement. The
+// other hosts cannot see this host's segment; their ranks fail the op too and leave their own
+// host's shared memory the same way: docs/RELIABILITY.md.
 template <typename Body>
 bool Communicator::runHierarchical(OpSignature signature, const char* algorithm, Body body) {
-  if (!hierarchy_ || shmBroken_) return false;
+  if (!hierarchy_ || !sharedMemoryFor(seq_.load() + 1)) return false;
   runCollective(signature, algorithm, [&](Op& o) {
     Hierarchy& h = *hierarchy_;
     const algorithms::ShmWait wait = shmWait(o);
@@ -617,8 +641,12 @@ bool Communicator::runHierarchical(OpSignature signature, const char* algorithm,
       body(cross, algorithms::HostGrid{*h.local, wait, o.signature(), h.grid});
       cross.waitAll();
     } catch (const std::exception& e) {
-      cross.fail(e.what());
+      // The host's ranks may now disagree about this op (a local index whose cross op failed
+      // while the others' completed): the host leaves shared memory from the next op on, before
+      // anyone hears of this failure, as runShm does.
+      h.local->abandon(o.seq() + 1);
       shmBroken_ = true;
+      cross.fail(e.what());
       throw;
     }
     o.countBytesOf(cross);

@@ -102,7 +102,7 @@ class Communicator {
   // caller packs the pieces and calls allreduce).
   bool allreducePieces(const BufferList& pieces, DataType dtype, ReduceOp op);
   // Whether allreducePieces runs now. Worker thread (tasks) only, like the ops.
-  bool allreducesInSharedMemory() { return sharedMemoryFor(seq_.load() + 1); }
+  bool allreducesInSharedMemory() { return shm_ && sharedMemoryFor(seq_.load() + 1); }
   void broadcast(void* data, size_t count, DataType dtype, int root);
   // The reduction lands in `data` at `root`; other ranks' `data` is left unchanged.
   void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root);
@@ -157,7 +157,9 @@ class Communicator {
   // of another path compares it with the peers' at once and throws on a mismatch.
   void announce(const algorithms::Op& op, bool viaShm);
   algorithms::ShmWait shmWait(const algorithms::Op& op);
-  // Whether op `seq` runs in shm_: not once the group gave shared memory up. Worker thread only.
+  // The group's shared memory: shm_ for one host, this host's part of the hierarchy, or null.
+  algorithms::ShmGroup* localGroup() const;
+  // Whether op `seq` runs in localGroup(): not once the host gave shared memory up. Worker thread only.
   bool sharedMemoryFor(uint64_t seq);
   // Runs `body` over shared memory if this group has it; on failure the group falls back to TCP.
   template <typename Body>

@@ -1,6 +1,7 @@
 #include "backend.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
 #include <cstring>
@@ -818,11 +819,12 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::allreduceCompressed(const at::Te
                       v.where(), "residual must be a contiguous float32 tensor of ", tensor.numel(),
                       " elements, got ", residual->scalar_type(), " of ", residual->numel(),
                       residual->is_contiguous() ? "" : " (not contiguous)");
-    const auto* a = static_cast<const char*>(residual->data_ptr());
-    const auto* b = static_cast<const char*>(tensor.data_ptr());
-    const size_t bytes = static_cast<size_t>(tensor.numel()) * sizeof(float);
-    TORCH_CHECK_VALUE(bytes == 0 || a + bytes <= b || b + bytes <= a, v.where(),
-                      "residual must not share memory with the tensor");
+    TORCH_CHECK_VALUE(!residual->requires_grad(), v.where(), "residual must not require grad (it is state the op writes)");
+    // The core writes both; a non-contiguous tensor is also written back through its views.
+    const bool sameStorage = residual->storage().is_alias_of(tensor.storage());
+    TORCH_CHECK_VALUE(tensor.numel() == 0 || !sameStorage ||
+                          at::get_overlap_status(*residual, tensor) == at::MemOverlapStatus::No,
+                      v.where(), "residual must not share memory with the tensor");
   }
   TORCH_CHECK_TYPE(tensor.scalar_type() == at::kFloat, v.where(), "compression needs a float32 tensor, got ",
                    tensor.scalar_type());

@@ -306,9 +306,90 @@ void checkHugeChunk() {
   }
 }
 
+// A rank that rejects its input (the adapter's checks failed: rejectCollective) where its peers run a
+// hierarchical op: every peer fails that op quoting the reject, and the group's next op works on
+// every rank. (Before, the rejecting rank stayed in shared memory while its host peer left it, so
+// its next op's step paired with the peer's step of the rejected op: that op failed as
+// "mismatched collectives" on every rank, and the rejected one did too on the host peer.)
+void checkRejectInHierarchy() {
+  const Grid g{2, 2};
+  MemoryStore store;
+  const int b1 = g.rankAt(1, 1);
+  auto comms = makeGroup(g, store);
+  const size_t count = 2048;
+  std::vector<std::string> firstError(g.size()), secondError(g.size());
+  std::vector<int> secondOk(g.size(), 0);
+  runRanks(g.size(), [&](int r) {
+    std::vector<float> in(g.size() * count, 1.0f), out(count);
+    try {
+      if (r == b1) {
+        comms[r]->rejectCollective("rank 3's input is invalid");
+      } else {
+        comms[r]->reduceScatterCompressed(in.data(), out.data(), count, codecs::Codec::kFp16, false);
+      }
+    } catch (const std::exception& e) {
+      firstError[r] = e.what();
+    }
+    std::vector<float> x(count, 1.0f);
+    try {
+      comms[r]->allreduceCompressed(x.data(), count, codecs::Codec::kFp16, false);
+      secondOk[r] = x[0] == static_cast<float>(g.size()) && x[count - 1] == static_cast<float>(g.size());
+    } catch (const std::exception& e) {
+      secondError[r] = e.what();
+    }
+  });
+  for (int r = 0; r < g.size(); ++r) {
+    EXPECT_TRUE(r == b1 || firstError[r].find("input is invalid") != std::string::npos, "rank ", r,
+                " fails the rejected op quoting the reject; got: ", firstError[r]);
+    EXPECT_TRUE(secondOk[r] == 1, "rank ", r, " runs the next op; got: ", secondError[r]);
+  }
+}
+
+// chunk_bytes decides how the hierarchical schedules cut the data, and it is each rank's own
+// setting: ranks that disagree must not pair shared-memory steps of different lengths (which
+// returned wrong sums without an error). They either get the right answer or an error on every rank.
+void checkChunkBytesDisagree() {
+  const Grid g{2, 2};
+  MemoryStore store;
+  auto comms = pycomm::testing::makeGroup(g.size(), store, [&](int r, Config& config) {
+    config.timeout = std::chrono::seconds(20);
+    config.chunkBytes = r < 2 ? 4096 : 8192;  // host 0 = ranks 0 and 2: one of each
+    config.shmSlotBytes = 4096;
+    config.hostId = strCat("host", r % g.hosts);
+  });
+  const size_t count = 100003;
+  std::vector<std::vector<float>> out(g.size());
+  std::vector<std::string> error(g.size());
+  runRanks(g.size(), [&](int r) {
+    out[r] = randomInput(r, count, 9);
+    try {
+      comms[r]->allreduceCompressed(out[r].data(), count, codecs::Codec::kBf16, false);
+    } catch (const std::exception& e) {
+      error[r] = e.what();
+    }
+  });
+  size_t failed = 0;
+  for (int r = 0; r < g.size(); ++r) failed += error[r].empty() ? 0 : 1;
+  EXPECT_TRUE(failed == 0 || failed == static_cast<size_t>(g.size()), "ranks disagree on whether the op failed");
+  if (failed == 0) {
+    std::vector<std::vector<float>> inputs(g.size());
+    for (int r = 0; r < g.size(); ++r) inputs[r] = randomInput(r, count, 9);
+    double worst = 0;
+    for (size_t i = 0; i < count; ++i) {
+      double exact = 0;
+      for (int r = 0; r < g.size(); ++r) exact += inputs[r][i];
+      worst = std::max(worst, std::abs(out[0][i] - exact) / (1 + std::abs(exact)));
+      if (worst > 0.05) break;
+    }
+    EXPECT_TRUE(worst <= 0.05, "chunk_bytes differing between ranks gave a wrong sum without an error, error ", worst);
+  }
+}
+
 }  // namespace
 
 int main() {
+  checkChunkBytesDisagree();
+  checkRejectInHierarchy();
   checkHugeChunk();
   // One rank a host is the flat schedule, which the same reference describes.
   for (Grid g : {Grid{2, 2}, Grid{3, 2}, Grid{2, 3}, Grid{3, 1}}) {

@@ -19,8 +19,9 @@ namespace pycomm::algorithms {
 
 // A compressed all-reduce works on pieces of p segments of whole 256-element blocks (the last piece
 // takes the rest), so block scales never straddle two messages. The pieces depend on count, p,
-// codec and chunkBytes only: every schedule that splits this way (the CPU one below, the
+// codec and chunkBytes only: every flat schedule that splits this way (the CPU one below, the
 // stream-ordered one of queued_collectives.h) rounds at the same places and gives the same bits.
+// (The hierarchical one, hierarchical_compressed.h, rounds host sums instead: other bits.)
 struct CompressedPiece {
   size_t begin;      // first element of the piece
   Segments segments; // its p segments, in elements relative to begin
@@ -47,20 +48,20 @@ struct PieceStages {
 // host's error on that slice (and zeros elsewhere): every rounding of the first kind is fed back once.
 void encodeWithFeedback(codecs::Codec codec, float* data, float* residual, size_t n, uint8_t* out, float* decoded);
 
-// `average`: the sums are multiplied by `scale` (1 / the number of contributions) before their
+// `average`: the sums are multiplied by `factor` (1 / the number of contributions) before their
 // one encoding; the caller says how many there are, as a hierarchical op has more than op.size().
 void compressedAllreduce(Op& op, float* data, size_t count, codecs::Codec codec, bool average,
                          size_t chunkBytes, std::vector<uint8_t>& scratch, float* residual = nullptr);
 // The same over pieces that need not cover `data` (every piece's begin is relative to `data`, and
 // to `residual`); the op's ranks must pass the same pieces.
 void compressedAllreducePieces(Op& op, float* data, const std::vector<CompressedPiece>& pieces, codecs::Codec codec,
-                               bool average, float scale, std::vector<uint8_t>& scratch, float* residual = nullptr,
+                               bool average, float factor, std::vector<uint8_t>& scratch, float* residual = nullptr,
                                const PieceStages& stages = {});
 // in holds p * count floats; this rank's reduced block lands in out.
 void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
                              bool average, std::vector<uint8_t>& scratch);
 void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
-                             bool average, float scale, std::vector<uint8_t>& scratch);
+                             bool average, float factor, std::vector<uint8_t>& scratch);
 // out holds p * count floats.
 void compressedAllgather(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
                          size_t chunkBytes, std::vector<uint8_t>& scratch);

@@ -17,7 +17,7 @@ std::vector<size_t> byteOffsets(const std::vector<size_t>& elements) {
   return bytes;
 }
 
-float* floats(std::vector<uint8_t>& buffer, size_t count) {
+float* stagingFloats(std::vector<uint8_t>& buffer, size_t count) {
   buffer.resize(checkedMul(count, sizeof(float), "hierarchical compressed staging"));
   return reinterpret_cast<float*>(buffer.data());
 }
@@ -68,13 +68,14 @@ void hierarchicalCompressedAllreduce(Op& cross, const HostGrid& host, float* dat
 void hierarchicalCompressedReduceScatter(Op& cross, const HostGrid& host, const float* in, float* out, size_t count,
                                          codecs::Codec codec, bool average, std::vector<uint8_t>& scratch,
                                          std::vector<uint8_t>& staging) {
+  if (count == 0) return;  // the same on every rank: nothing to cut, no step to pair
   const int hosts = cross.size();
   const int localSize = host.local.size();
   const size_t blockBytes = count * sizeof(float);
   // Local rank l reduces the blocks of the ranks of local index l, in host order: lay the input out
   // so that those are contiguous, then the host's reduce-scatter hands each its hosts x count.
   const size_t world = static_cast<size_t>(host.worldSize());
-  float* ordered = floats(staging, checkedAdd(checkedMul(world, count, "hierarchical reduce-scatter"), hosts * count,
+  float* ordered = stagingFloats(staging, checkedAdd(checkedMul(world, count, "hierarchical reduce-scatter"), hosts * count,
                                               "hierarchical reduce-scatter"));
   float* hostSum = ordered + world * count;
   for (int l = 0; l < localSize; ++l) {
@@ -90,10 +91,11 @@ void hierarchicalCompressedReduceScatter(Op& cross, const HostGrid& host, const 
 void hierarchicalCompressedAllgather(Op& cross, const HostGrid& host, const float* in, float* out, size_t count,
                                      codecs::Codec codec, size_t chunkBytes, std::vector<uint8_t>& scratch,
                                      std::vector<uint8_t>& staging) {
+  if (count == 0) return;  // the same on every rank
   const int hosts = cross.size();
   const int localSize = host.local.size();
   const size_t world = static_cast<size_t>(host.worldSize());
-  float* mine = floats(staging, checkedAdd(checkedMul(world, count, "hierarchical all-gather"), hosts * count,
+  float* mine = stagingFloats(staging, checkedAdd(checkedMul(world, count, "hierarchical all-gather"), hosts * count,
                                            "hierarchical all-gather"));
   float* gathered = mine + hosts * count;
   // The blocks of this rank's local index, decoded (rounded once); the host then shares them as they are.

@@ -6,8 +6,8 @@
 // ranks reduce it in fp32 so that local rank l holds the host's sum of slice l; slice l is then a
 // piece of a compressed all-reduce among the ranks of local index l on every host (encoded once,
 // summed in fp32, encoded once more: still exactly two roundings, whatever the number of hosts and
-// ranks per host); the host then gathers the decoded slices. Chunks are pipelined: while chunk k's
-// encodings travel, chunk k+1 is reduced inside the host and chunk k-2 gathered.
+// ranks per host); the host then gathers the decoded slices. Chunks are pipelined: as chunk k is
+// reduced inside the host and sent, the sums of chunk k-1 are made and chunk k-2 is gathered.
 //
 // Reduce-scatter rounds once (each rank's block is encoded once, after the host's fp32 sum), and
 // all-gather once (each rank's input is encoded once; the host shares the decoded blocks).

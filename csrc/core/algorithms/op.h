@@ -79,9 +79,9 @@ constexpr uint32_t kAckSlot = 0xfffffff0u;
 constexpr uint32_t kAnnounceSlot = 0xfffffff1u;
 
 // Splits `count` elements into `parts` contiguous segments whose sizes differ by at most one.
-// The chunk an algorithm cuts with: one longer than the longest stretch it cuts cuts nothing, so it
-// is that stretch (scratch is then sized by the data, not by a chunk_bytes far above it). The cut is
-// the same either way.
+// The chunk an algorithm cuts with. A chunk longer than the longest stretch of data makes no cut,
+// so the stretch's length is used instead: the same cut, and scratch sized by the data rather than
+// by a chunk_bytes far above it.
 inline size_t chunkWithin(size_t chunkElems, size_t longest) {
   return chunkElems < longest ? std::max<size_t>(1, chunkElems) : std::max<size_t>(1, longest);
 }
