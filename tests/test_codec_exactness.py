@@ -325,3 +325,36 @@ def test_sizes(codec_api: tuple[Callable, Callable], codec: str) -> None:
         x = torch.linspace(-2.0, 3.0, n)
         assert encode(codec, x).numel() == encoded_bytes(codec, n)
         assert round_trip(codec_api, codec, x, f"n={n}").numel() == n
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_out_arguments(pycomm: ModuleType, codec: str) -> None:
+    """codec_encode/codec_decode into a given tensor and codec_decode_add give the allocating calls' bits;
+    an `out` of the wrong dtype, size or layout, or overlapping the input, is refused."""
+    c = pycomm._C
+    if not hasattr(c, "codec_decode_add"):
+        pytest.skip("pycomm._C has no codec_decode_add binding (built before the out= arguments)")
+    gen = torch.Generator().manual_seed(77)
+    n = 3 * BLOCK + 5
+    x = random_blocks(n, gen)
+    expected = c.codec_encode(codec, x)
+    out = torch.full((encoded_bytes(codec, n),), 0xA5, dtype=torch.uint8)
+    returned = c.codec_encode(codec, x, out=out)
+    assert returned.data_ptr() == out.data_ptr() and torch.equal(out, expected)
+    decoded = torch.full((n,), 7.0)
+    c.codec_decode(codec, expected, n, out=decoded)
+    assert torch.equal(bits32(decoded), bits32(c.codec_decode(codec, expected, n)))
+    acc = torch.randn(n, generator=gen)
+    want = acc + decoded
+    c.codec_decode_add(codec, expected, acc)
+    assert torch.equal(bits32(acc), bits32(want)), "decode_add == decode, then add"
+    with pytest.raises(TypeError, match="out must be a CPU"):
+        c.codec_encode(codec, x, out=torch.empty(encoded_bytes(codec, n), dtype=torch.int8))
+    with pytest.raises(ValueError, match="elements, needs"):
+        c.codec_encode(codec, x, out=torch.empty(encoded_bytes(codec, n) + 1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="must be contiguous"):
+        c.codec_decode(codec, expected, n, out=torch.empty(2 * n)[::2])
+    with pytest.raises(TypeError, match="acc must be a CPU"):
+        c.codec_decode_add(codec, expected, torch.zeros(n, dtype=torch.float64))
+    with pytest.raises(ValueError, match="overlaps the input"):
+        c.codec_encode(codec, x, out=x.view(torch.uint8)[: encoded_bytes(codec, n)])

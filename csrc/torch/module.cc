@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend.h"
@@ -104,6 +105,29 @@ Config parseConfig(int rank, int size, const py::dict& config) {
   return c;
 }
 
+// The encoded bytes of `count` elements for codec_decode*, contiguous.
+at::Tensor checkedEncoded(const char* what, const std::string& name, const at::Tensor& encoded, int64_t count) {
+  TORCH_CHECK_TYPE(encoded.scalar_type() == at::kByte && encoded.device().is_cpu(), what, " needs a CPU uint8 tensor");
+  const auto codec = pycomm::codecs::codecFromName(name);
+  TORCH_CHECK_VALUE(count >= 0 && static_cast<size_t>(encoded.numel()) == pycomm::codecs::encodedBytes(codec, count),
+                    what, ": ", encoded.numel(), " bytes do not encode ", count, " elements");
+  return encoded.contiguous();
+}
+
+// An output tensor the caller passed to a codec binding: the codec writes numel elements of dtype
+// straight into its storage, which must not overlap the input (block_codec.h).
+void checkCodecOut(const char* what, const char* param, const at::Tensor& out, at::ScalarType dtype, int64_t numel,
+                   const at::Tensor& in) {
+  TORCH_CHECK_TYPE(out.scalar_type() == dtype && out.device().is_cpu(), what, ": ", param, " must be a CPU ", dtype,
+                   " tensor, got ", out.scalar_type(), " on ", out.device());
+  TORCH_CHECK_VALUE(out.is_contiguous(), what, ": ", param, " must be contiguous");
+  TORCH_CHECK_VALUE(out.numel() == numel, what, ": ", param, " has ", out.numel(), " elements, needs ", numel);
+  const auto* outBegin = static_cast<const char*>(out.data_ptr());
+  const auto* inBegin = static_cast<const char*>(in.data_ptr());
+  const bool disjoint = outBegin + out.nbytes() <= inBegin || inBegin + in.nbytes() <= outBegin;
+  TORCH_CHECK_VALUE(numel == 0 || in.numel() == 0 || disjoint, what, ": ", param, " overlaps the input");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -165,25 +189,36 @@ PYBIND11_MODULE(_C, m) {
           return tcp::checkHello(hello, t, n, rank, size);
         }, py::arg("raw"), py::arg("token"), py::arg("nonce"), py::arg("rank"), py::arg("size"),
         "Why a handshake is rejected by `rank` of a group of `size` that sent the challenge `nonce`, or an empty string.");
-  m.def("codec_encode", [](const std::string& name, const at::Tensor& x) {
+  m.def("codec_encode", [](const std::string& name, const at::Tensor& x, std::optional<at::Tensor> out) {
           TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.device().is_cpu(), "codec_encode needs a CPU float32 tensor");
           const auto codec = pycomm::codecs::codecFromName(name);
           at::Tensor flat = x.contiguous().view({-1});
-          at::Tensor out = at::empty({static_cast<int64_t>(pycomm::codecs::encodedBytes(codec, flat.numel()))},
-                                     at::TensorOptions().dtype(at::kByte));
-          pycomm::codecs::encode(codec, flat.data_ptr<float>(), flat.numel(), out.data_ptr<uint8_t>());
-          return out;
-        }, py::arg("codec"), py::arg("x"), "Encode a float32 tensor (flattened) with a pycomm codec.");
-  m.def("codec_decode", [](const std::string& name, const at::Tensor& encoded, int64_t count) {
-          TORCH_CHECK_TYPE(encoded.scalar_type() == at::kByte && encoded.device().is_cpu(), "codec_decode needs a CPU uint8 tensor");
+          const auto bytes = static_cast<int64_t>(pycomm::codecs::encodedBytes(codec, flat.numel()));
+          at::Tensor encoded = out ? *out : at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+          if (out) checkCodecOut("codec_encode", "out", encoded, at::kByte, bytes, flat);
+          pycomm::codecs::encode(codec, flat.data_ptr<float>(), flat.numel(), encoded.data_ptr<uint8_t>());
+          return encoded;
+        }, py::arg("codec"), py::arg("x"), py::arg("out") = py::none(),
+        "Encode a float32 tensor (flattened) with a pycomm codec, into `out` (contiguous uint8, "
+        "encodedBytes long) when given.");
+  m.def("codec_decode", [](const std::string& name, const at::Tensor& encoded, int64_t count, std::optional<at::Tensor> out) {
+          const at::Tensor in = checkedEncoded("codec_decode", name, encoded, count);
           const auto codec = pycomm::codecs::codecFromName(name);
-          TORCH_CHECK_VALUE(count >= 0 && static_cast<size_t>(encoded.numel()) == pycomm::codecs::encodedBytes(codec, count),
-                            "codec_decode: ", encoded.numel(), " bytes do not encode ", count, " elements");
-          at::Tensor in = encoded.contiguous();
-          at::Tensor out = at::empty({count}, at::TensorOptions().dtype(at::kFloat));
-          pycomm::codecs::decode(codec, in.data_ptr<uint8_t>(), count, out.data_ptr<float>());
-          return out;
-        }, py::arg("codec"), py::arg("encoded"), py::arg("count"), "Decode what codec_encode produced.");
+          at::Tensor decoded = out ? *out : at::empty({count}, at::TensorOptions().dtype(at::kFloat));
+          if (out) checkCodecOut("codec_decode", "out", decoded, at::kFloat, count, in);
+          pycomm::codecs::decode(codec, in.data_ptr<uint8_t>(), count, decoded.data_ptr<float>());
+          return decoded;
+        }, py::arg("codec"), py::arg("encoded"), py::arg("count"), py::arg("out") = py::none(),
+        "Decode what codec_encode produced, into `out` (contiguous float32, count elements) when given.");
+  m.def("codec_decode_add", [](const std::string& name, const at::Tensor& encoded, const at::Tensor& acc) {
+          const at::Tensor in = checkedEncoded("codec_decode_add", name, encoded, acc.numel());
+          checkCodecOut("codec_decode_add", "acc", acc, at::kFloat, acc.numel(), in);
+          pycomm::codecs::decodeAdd(pycomm::codecs::codecFromName(name), in.data_ptr<uint8_t>(), acc.numel(),
+                                    acc.data_ptr<float>());
+          return acc;
+        }, py::arg("codec"), py::arg("encoded"), py::arg("acc"),
+        "acc += decode(encoded) in place (the fused decode-add of the reductions); acc is a contiguous "
+        "float32 tensor of the encoded element count.");
 
 #ifdef PYCOMM_WITH_CUDA
   constexpr bool kBuiltWithCuda = true;
