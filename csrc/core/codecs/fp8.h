@@ -99,7 +99,8 @@ inline float fp8E5M2ToFloat(uint8_t code) {
 inline bool fp8E4M3IsNan(uint8_t code) { return (code & 0x7fu) == 0x7fu; }
 inline bool fp8E5M2IsNan(uint8_t code) { return (code & 0x7fu) > 0x7cu; }
 
-// Array forms of the conversions above (unscaled, element by element), vectorized.
+// Array forms of the conversions above (unscaled, element by element), vectorized: through the
+// kernel table of codec_kernels.h, so with AVX2/AVX-512 intrinsics where the CPU has them.
 void floatToFp8E4M3(const float* in, size_t count, uint8_t* out);
 void floatToFp8E5M2(const float* in, size_t count, uint8_t* out);
 void fp8E4M3ToFloat(const uint8_t* in, size_t count, float* out);
