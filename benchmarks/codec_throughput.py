@@ -2,13 +2,13 @@
 of each pycomm codec, one thread, 64 MiB, against a memcpy of the same fp32 buffer measured the same
 way, and torch's own tensor.to(float16 / bfloat16 / float8) casts.
 
-    python3 benchmarks/codec_throughput.py [--mib 64] [--reps 7]
+    python3 benchmarks/codec_throughput.py [--mib 64] [--reps 7] [--json PATH]
 
 Every pycomm call writes into an output allocated (and touched) once beforehand, as the collectives
 do with their scratch buffers: a fresh 64 MiB output per call costs page faults that can take longer
 than the conversion itself (the "fresh out" column shows that cost for decode). The memcpy row is
 `dst.copy_(src)` between two such fp32 tensors; "of memcpy" is a codec's GB/s over it. Timings are
-medians of --reps runs after one warm-up. Writes benchmarks/results/codec_throughput.json.
+medians of --reps runs after one warm-up. Writes benchmarks/results/codec_throughput.json (or --json).
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64, help="fp32 buffer size in MiB (default 64)")
     parser.add_argument("--reps", type=int, default=7, help="timed runs per figure, median taken (default 7)")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "codec_throughput.json",
+                        help="where to write the results (default benchmarks/results/codec_throughput.json)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     n = args.mib * 1024 * 1024 // 4
@@ -53,9 +55,11 @@ def main(argv: list[str]) -> int:
     acc = torch.zeros(n)
     copy = torch.empty(n)
     memcpy = gbps(lambda: copy.copy_(x), nbytes, args.reps)
+    isa = _C.codec_isa() if hasattr(_C, "codec_isa") else "unknown (a build from before the codec kernel tables)"
     header = (f"{'codec':<10}{'encode':>8}{'of memcpy':>11}{'decode':>8}{'of memcpy':>11}{'decodeAdd':>11}"
               f"{'of memcpy':>11}{'decode, fresh out':>19}{'torch .to()':>13}{'torch back':>12}")
-    print(f"GB/s of fp32, {args.mib} MiB, 1 thread, median of {args.reps}; memcpy (dst.copy_(src)) {memcpy:.2f} GB/s")
+    print(f"GB/s of fp32, {args.mib} MiB, 1 thread, median of {args.reps}; memcpy (dst.copy_(src)) {memcpy:.2f} GB/s; "
+          f"codec kernels: {isa}")
     print(header)
     rows = []
     for codec, dtype in TORCH_DTYPES.items():
@@ -73,11 +77,10 @@ def main(argv: list[str]) -> int:
                      "torch_to_GBps": to, "torch_back_GBps": back})
         print(f"{codec:<10}{enc:>8.2f}{enc / memcpy:>11.0%}{dec:>8.2f}{dec / memcpy:>11.0%}{dec_add:>11.2f}"
               f"{dec_add / memcpy:>11.0%}{dec_fresh:>19.2f}{to:>13.2f}{back:>12.2f}")
-    out = ROOT / "benchmarks" / "results" / "codec_throughput.json"
     command = " ".join(["python3", "benchmarks/codec_throughput.py", *argv])
-    result = {"command": command, "mib": args.mib, "reps": args.reps, "threads": 1, "memcpy_GBps": memcpy,
-              "rows": rows}
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    result = {"command": command, "mib": args.mib, "reps": args.reps, "threads": 1, "codec_isa": isa,
+              "memcpy_GBps": memcpy, "rows": rows}
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "core/codecs/block_codec.h"
+#include "core/codecs/codec_kernels.h"
 #include "core/error.h"
 #include "core/transport/frame.h"
 #include "core/transport/tcp/handshake.h"
@@ -219,6 +220,10 @@ PYBIND11_MODULE(_C, m) {
         }, py::arg("codec"), py::arg("encoded"), py::arg("acc"),
         "acc += decode(encoded) in place (the fused decode-add of the reductions); acc is a contiguous "
         "float32 tensor of the encoded element count.");
+
+  m.def("codec_isa", [] { return std::string(pycomm::codecs::activeKernels().isa); },
+        "The instruction set of the codec kernels this process uses: \"scalar\", \"avx2\" or \"avx512\" "
+        "(the fastest this CPU runs, chosen when the library loads).");
 
 #ifdef PYCOMM_WITH_CUDA
   constexpr bool kBuiltWithCuda = true;
