@@ -134,7 +134,8 @@ def test_json_schema(long_run: dict[str, Any]) -> None:
     assert config["backend"] == "pycomm" and config["hook"] == "none"
     assert config["world_size"] == 2 and config["steps"] == 30 and config["batch_size"] >= 1
     assert config["hook_impl"] == "torch.allreduce_hook"
-    assert config["parameters"] > 0
+    # The default model is the small preset, the trainer's original model.
+    assert config["model"] == "small" and config["parameters"] == 136_960 and config["batch_size"] == 8
     corpus = config["corpus"]
     assert corpus["train_tokens"] > corpus["val_tokens"] > 0 and len(corpus["sha256"]) == 64
     # Train loss per step: finite numbers, one per step.

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from pycomm.train.config import BACKENDS, EXIT_FAIL, EXIT_USAGE, HOOKS, TrainConfig
+from pycomm.train.config import BACKENDS, EXIT_FAIL, EXIT_USAGE, HOOKS, MODELS, TrainConfig
 
 PROG = "pycomm.train"
 
@@ -56,9 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
         "else torch's for fp16/bf16 (default none)",
     )
     p.add_argument("--error-feedback", action="store_true", help="error feedback for compression (pycomm.hooks)")
+    p.add_argument(
+        "--model",
+        choices=tuple(MODELS),
+        default="small",
+        help="model preset: "
+        + "; ".join(f"{name}: {preset.about} (batch {preset.batch_size})" for name, preset in MODELS.items())
+        + " (default small)",
+    )
     p.add_argument("--steps", type=_number(int, 1, True), default=30, help="optimizer steps (default 30)")
     p.add_argument(
-        "--batch-size", type=_number(int, 1, True), default=8, help="sequences per rank per step (default 8)"
+        "--batch-size",
+        type=_number(int, 1, True),
+        default=None,
+        help="sequences per rank per step (default: the --model preset's)",
     )
     p.add_argument("--seed", type=_number(int, 0, True), default=0, help="seed for weights and batches (default 0)")
     p.add_argument("--lr", type=_number(float, 0, False), default=3e-3, help="AdamW learning rate (default 3e-3)")
@@ -105,7 +116,8 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
         check_hook(args.hook, args.error_feedback)
     except HookUnavailable as exc:
         raise UsageError(str(exc)) from None
-    return TrainConfig(
+    return TrainConfig.for_model(
+        args.model,
         backend=args.backend,
         hook=args.hook,
         error_feedback=args.error_feedback,

@@ -50,12 +50,16 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
     # Every rank builds the same initial weights from the seed (DDP would
     # broadcast rank 0's anyway; this keeps a world-1 run identical too).
     torch.manual_seed(config.seed)
-    model = CharTransformer(data.VOCAB_SIZE, config.context, config.d_model, config.n_heads, config.n_layers)
+    model = CharTransformer(
+        data.VOCAB_SIZE, config.context, config.d_model, config.n_heads, config.n_layers, config.hash_buckets
+    )
     ddp = DistributedDataParallel(model)
     choice = choose_hook(config.hook, config.error_feedback)
     timer = CommTimer()
     ddp.register_comm_hook(choice.state, timer.wrap(choice.hook))
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=config.lr)
+    # fused=None is torch's default (a per-parameter loop on CPU): the small
+    # model's results predate the option and stay as they were.
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=config.lr, fused=True if config.fused_adamw else None)
     # Each rank draws different windows (else data parallelism would be the
     # same batch world times over), reproducibly from (seed, rank).
     batches = torch.Generator().manual_seed((config.seed * 1_000_003 + rank) % (1 << 63))

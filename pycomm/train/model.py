@@ -1,9 +1,11 @@
 """A small decoder-only transformer over bytes (GPT-style, pre-LayerNorm).
 
-Deliberately tiny (about 0.12M parameters at the defaults): the point is a real
-gradient all-reduce every step, not a good language model, and 2 CPU cores
-must run tens of steps per minute at world 2. No dropout: runs are then a pure
-function of the seed.
+At the ``small`` preset deliberately tiny (0.14M parameters): the point is a
+real gradient all-reduce every step, not a good language model, and 2 CPU
+cores must run tens of steps per minute at world 2. The ``large`` preset adds a
+hashed n-gram input embedding (pycomm.train.ngram): tens of millions of
+parameters whose gradient DDP must all-reduce, for little more compute. No
+dropout: runs are then a pure function of the seed.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pycomm.train.ngram import HashedNgrams
 
 
 class _Block(nn.Module):
@@ -36,11 +40,16 @@ class _Block(nn.Module):
 
 
 class CharTransformer(nn.Module):
-    def __init__(self, vocab: int, context: int, d_model: int, n_heads: int, n_layers: int) -> None:
+    def __init__(
+        self, vocab: int, context: int, d_model: int, n_heads: int, n_layers: int, hash_buckets: int = 0
+    ) -> None:
         super().__init__()
         self.context = context
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(context, d_model)
+        # Created only when asked for: the small model then draws the same
+        # initial weights from the seed as it did before this option existed.
+        self.ngrams = HashedNgrams(hash_buckets, d_model) if hash_buckets else None
         self.blocks = nn.ModuleList(_Block(d_model, n_heads) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         # Untied output head: with tied weights one parameter gets gradient from
@@ -54,6 +63,8 @@ class CharTransformer(nn.Module):
         if time > self.context:
             raise ValueError(f"sequence of {time} exceeds the context of {self.context}")
         x = self.tok(idx) + self.pos(torch.arange(time, device=idx.device))
+        if self.ngrams is not None:
+            x = x + self.ngrams(idx)
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
