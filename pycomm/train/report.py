@@ -41,6 +41,7 @@ def as_json(config: TrainConfig, result: TrainResult) -> dict[str, Any]:
             "hook_impl": result.hook_impl,
             "parameters": result.parameters,
             "corpus": result.corpus,
+            "heap_kept": result.heap_kept,
             "torch": torch.__version__,
             "python": platform.python_version(),
         },
