@@ -94,10 +94,23 @@ def _tokens(chunks: object) -> torch.Tensor:
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone()
 
 
+def batch_seed(seed: int, rank: int, step: int) -> int:
+    """The generator seed of rank's batch at step (0-based): a pure function of the three.
+
+    So a run resumed at any step draws the batches an uninterrupted run would
+    have, with no generator state to save. Ranks draw different windows (else
+    data parallelism would be the same batch world times over). A hash, not
+    arithmetic: nearby (seed, rank, step) triples get unrelated seeds.
+    """
+    digest = hashlib.blake2b(f"pycomm.train/{seed}/{rank}/{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # below 2**63: manual_seed takes int64-range values
+
+
 def train_batch(
-    tokens: torch.Tensor, batch_size: int, context: int, generator: torch.Generator
+    tokens: torch.Tensor, batch_size: int, context: int, seed: int, rank: int, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random windows: inputs and next-byte targets, both (batch, context) int64."""
+    """Random windows for (seed, rank, step): inputs and next-byte targets, both (batch, context) int64."""
+    generator = torch.Generator().manual_seed(batch_seed(seed, rank, step))
     # A window is context + 1 bytes (inputs and the byte after each), so the
     # last start is numel - context - 1; randint's high is exclusive.
     starts = torch.randint(0, tokens.numel() - context, (batch_size,), generator=generator)

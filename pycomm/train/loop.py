@@ -66,9 +66,6 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
     # fused=None is torch's default (a per-parameter loop on CPU): the small
     # model's results predate the option and stay as they were.
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=config.lr, fused=True if config.fused_adamw else None)
-    # Each rank draws different windows (else data parallelism would be the
-    # same batch world times over), reproducibly from (seed, rank).
-    batches = torch.Generator().manual_seed((config.seed * 1_000_003 + rank) % (1 << 63))
 
     local_loss = torch.zeros(config.steps, dtype=torch.float64)
     step_times: list[float] = []
@@ -79,7 +76,8 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
     val_losses: list[tuple[int, float]] = [(0, evaluate(model, corpus, config, rank, world))]
     for step in range(config.steps):
         start = time.perf_counter()
-        inputs, targets = data.train_batch(corpus.train, config.batch_size, config.context, batches)
+        # The batch is a function of (seed, rank, step) alone.
+        inputs, targets = data.train_batch(corpus.train, config.batch_size, config.context, config.seed, rank, step)
         optimizer.zero_grad(set_to_none=True)
         loss = lm_loss(ddp(inputs), targets)
         loss.backward()  # DDP all-reduces gradients through the hook here
