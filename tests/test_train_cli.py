@@ -272,5 +272,18 @@ def test_comm_timer_counts_overlap_once() -> None:
 
     timer = CommTimer()
     timer._intervals = [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]  # two overlapping buckets, one apart
-    assert timer.take() == (4.0, 3)
-    assert timer.take() == (0.0, 0)
+    first = timer.take()
+    assert (first.busy_s, first.buckets) == (4.0, 3)
+    assert first.exposed_s == 1.0  # from the last hook call (5.0) to the last completion (6.0)
+    empty = timer.take()
+    assert (empty.busy_s, empty.exposed_s, empty.buckets) == (0.0, 0.0, 0)
+
+
+def test_comm_timer_exposed_is_what_outlasts_the_last_call() -> None:
+    from pycomm.train.hooks import CommTimer
+
+    timer = CommTimer()
+    # An early bucket's all-reduce finishes after the last bucket was handed over.
+    timer._intervals = [(0.0, 4.0), (3.0, 3.5)]
+    step = timer.take()
+    assert step.exposed_s == 1.0 and step.busy_s == 4.0

@@ -88,17 +88,33 @@ def choose_hook(name: str, error_feedback: bool, group: dist.ProcessGroup | None
     return HookChoice(group, fallback, f"torch.{fallback.__name__}")
 
 
+@dataclasses.dataclass(frozen=True)
+class StepComm:
+    """One step's communication as CommTimer saw it (seconds)."""
+
+    busy_s: float  # union of the buckets' intervals (hook call to future completion)
+    exposed_s: float  # last bucket's hook call to the last future's completion (see CommTimer)
+    buckets: int
+
+
 class CommTimer:
     """Times communication by wrapping the comm hook.
 
-    Method: each bucket's interval runs from the hook call (the bucket's
-    gradients are ready) to the completion of the future the hook returns
-    (reduced, and decompressed, gradients are back), so compression cost counts
-    as communication. The union of a step's intervals, over the step's wall
-    time, is the comm share. Where several buckets overlap the rest of backward
-    this over-counts waiting (compute ran meanwhile); the trainer's model fits
-    in DDP's first bucket, so its hook fires once, after backward's last
-    gradient, and the interval is time the step really spends waiting.
+    Each bucket's interval runs from the hook call (the bucket's gradients are
+    ready) to the completion of the future the hook returns (reduced, and
+    decompressed, gradients are back), so compression cost counts as
+    communication. Two figures per step:
+
+    busy: the union of the intervals. Where buckets overlap the rest of
+    backward this counts time in which compute also ran.
+
+    exposed: from the last hook call to the last future's completion. DDP
+    calls the hooks in bucket order, each once its bucket is ready and the
+    earlier ones are launched, so the last call marks the end of backward's
+    gradient compute; what follows until every future is done is time the
+    step spends only waiting for (and compressing, and decompressing)
+    gradients: the communication that overlapping did not hide. With one
+    bucket the two are equal.
     """
 
     def __init__(self) -> None:
@@ -125,8 +141,8 @@ class CommTimer:
 
         return cast(HookFn, timed_hook)
 
-    def take(self) -> tuple[float, int]:
-        """(seconds covered by the intervals recorded since the last take, bucket count); resets."""
+    def take(self) -> StepComm:
+        """The intervals recorded since the last take, summarized; resets."""
         with self._lock:
             intervals, self._intervals = sorted(self._intervals), []
         covered, reach = 0.0, float("-inf")
@@ -134,4 +150,5 @@ class CommTimer:
             if end > reach:
                 covered += end - max(start, reach)
                 reach = end
-        return covered, len(intervals)
+        exposed = max(0.0, reach - intervals[-1][0]) if intervals else 0.0
+        return StepComm(busy_s=covered, exposed_s=exposed, buckets=len(intervals))

@@ -14,6 +14,8 @@ from pycomm.train.config import TrainConfig
 from pycomm.train.hooks import CommTimer, choose_hook
 from pycomm.train.memory import keep_freed_memory
 from pycomm.train.model import CharTransformer, lm_loss, parameter_count
+from pycomm.train.wire import FIELDS as WIRE_FIELDS
+from pycomm.train.wire import WireCounter
 
 GRAD_CLIP = 1.0
 
@@ -29,11 +31,18 @@ class TrainResult:
     train_loss: list[float]
     val_loss: list[tuple[int, float]]  # (steps done, loss)
     step_time_s: list[float]  # rank 0's wall time of each step
-    comm_time_s: list[float]  # rank 0's comm time within each step (see CommTimer)
+    comm_time_s: list[float]  # rank 0's comm time within each step (CommTimer's busy time)
     buckets_per_step: int
-    timed_steps: int  # steps after the warm-up ones, used for the two figures below
+    timed_steps: int  # steps after the warm-up ones, used for the figures below
     tokens_per_s: float  # all ranks together
     comm_share: float  # comm time / step time, averaged over ranks
+    # Per rank and step ([rank][step]), every rank's, not only rank 0's:
+    step_time_by_rank_s: list[list[float]]
+    exposed_comm_s: list[list[float]]  # see CommTimer: comm the step waited for after backward
+    wire_bytes: dict[str, list[list[int]]]  # wire.FIELDS -> [rank][step]
+    wire_counted: bool  # False over gloo: no counters, wire_bytes all 0
+    gradient_bytes: int  # fp32 bytes of one rank's gradient: what an uncompressed all-reduce reduces
+    exposed_comm_share: float  # exposed comm / step time over the timed steps, averaged over ranks
     heap_kept: bool  # whether memory.keep_freed_memory took effect on rank 0
 
 
@@ -66,15 +75,18 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
     # fused=None is torch's default (a per-parameter loop on CPU): the small
     # model's results predate the option and stay as they were.
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=config.lr, fused=True if config.fused_adamw else None)
+    wire = WireCounter()
 
     local_loss = torch.zeros(config.steps, dtype=torch.float64)
-    step_times: list[float] = []
-    comm_times: list[float] = []
+    # Per step: wall time, comm busy time, exposed comm time; and the wire counts.
+    local_times = torch.zeros(world, config.steps, 3, dtype=torch.float64)
+    local_wire = torch.zeros(world, config.steps, len(WIRE_FIELDS), dtype=torch.int64)
     buckets = 0
     # Validation before the first step too: the curve then starts at the
     # untrained loss (about ln 256 = 5.55 nats per byte).
     val_losses: list[tuple[int, float]] = [(0, evaluate(model, corpus, config, rank, world))]
     for step in range(config.steps):
+        wire.start()  # evaluation's collectives are not the step's
         start = time.perf_counter()
         # The batch is a function of (seed, rank, step) alone.
         inputs, targets = data.train_batch(corpus.train, config.batch_size, config.context, config.seed, rank, step)
@@ -84,28 +96,35 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), GRAD_CLIP)
         optimizer.step()
         local_loss[step] = loss.item()
-        step_times.append(time.perf_counter() - start)
-        comm, buckets = timer.take()
-        comm_times.append(comm)
+        elapsed = time.perf_counter() - start
+        comm = timer.take()
+        buckets = comm.buckets
+        local_times[rank, step] = torch.tensor([elapsed, comm.busy_s, comm.exposed_s], dtype=torch.float64)
+        local_wire[rank, step] = torch.tensor(wire.take(), dtype=torch.int64)
         done = step + 1
         if done == config.steps or (config.eval_every and done % config.eval_every == 0):
             val = evaluate(model, corpus, config, rank, world)
             val_losses.append((done, val))
             if on_progress:
                 print(
-                    f"step {done}/{config.steps}  train {local_loss[step].item():.4f} (rank 0)  val {val:.4f}",
+                    f"step {done}/{config.steps}  train {local_loss[step].item():.4f} (rank 0)  val {val:.4f}  "
+                    f"step {elapsed:.3f} s, exposed comm {comm.exposed_s:.3f} s (rank 0)",
                     flush=True,
                 )
 
-    # One collective for all per-step losses, not one per step: a per-step
-    # all-reduce would add communication that the hook timer does not see.
+    # A few collectives for all per-step figures at the end, not some per
+    # step: per-step ones would add communication that the hook timer does not
+    # see. Each rank fills its own row of the zeroed tables; the sum gathers them.
     dist.all_reduce(local_loss)
+    dist.all_reduce(local_times)
+    dist.all_reduce(local_wire)
     train_loss = (local_loss / world).tolist()
     skip = warmup_steps(config.steps)
-    totals = torch.tensor([sum(comm_times[skip:]), sum(step_times[skip:])], dtype=torch.float64)
-    dist.all_reduce(totals)
-    comm_sum, step_sum = (totals / world).tolist()
     timed = config.steps - skip
+    # Sums over the timed steps, then the mean over ranks.
+    step_sum, busy_sum, exposed_sum = local_times[:, skip:].sum(dim=1).mean(dim=0).tolist()
+    times = local_times.tolist()
+    wire_rows = local_wire.tolist()
     return TrainResult(
         world_size=world,
         hook_impl=choice.impl,
@@ -113,12 +132,20 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
         corpus=corpus.describe(),
         train_loss=train_loss,
         val_loss=val_losses,
-        step_time_s=step_times,
-        comm_time_s=comm_times,
+        step_time_s=[row[0] for row in times[0]],
+        comm_time_s=[row[1] for row in times[0]],
         buckets_per_step=buckets,
         timed_steps=timed,
         tokens_per_s=config.tokens_per_step(world) * timed / step_sum if step_sum > 0 else 0.0,
-        comm_share=comm_sum / step_sum if step_sum > 0 else 0.0,
+        comm_share=busy_sum / step_sum if step_sum > 0 else 0.0,
+        step_time_by_rank_s=[[row[0] for row in ranked] for ranked in times],
+        exposed_comm_s=[[row[2] for row in ranked] for ranked in times],
+        wire_bytes={
+            field: [[row[i] for row in ranked] for ranked in wire_rows] for i, field in enumerate(WIRE_FIELDS)
+        },
+        wire_counted=wire.counted,
+        gradient_bytes=4 * sum(p.numel() for p in model.parameters() if p.requires_grad),
+        exposed_comm_share=exposed_sum / step_sum if step_sum > 0 else 0.0,
         heap_kept=heap_kept,
     )
 

@@ -1,4 +1,11 @@
-"""What rank 0 writes: the summary line, the JSON log, the loss-curve PNG."""
+"""What rank 0 writes: the summary, the JSON log, the PNG of loss curves and step times.
+
+The run report has three parts, in the summary and the JSON alike: exposed
+communication time (hooks.CommTimer: what the step waited for once backward's
+gradients were all computed), bytes on the wire (wire.WireCounter: pycomm's
+per-rank counters around each step), and the loss curves (train per step,
+validation at each evaluation).
+"""
 
 from __future__ import annotations
 
@@ -13,23 +20,88 @@ from typing import Any
 import torch
 
 from pycomm.train.config import TrainConfig
-from pycomm.train.loop import TrainResult
+from pycomm.train.loop import TrainResult, warmup_steps
 
-SCHEMA = "pycomm.train/1"
+SCHEMA = "pycomm.train/1"  # fields are only ever added under one schema
 COMM_METHOD = (
     "comm hook wrapped: time from hook call to completion of its future (compression included), "
     "union per step, over step wall time; warm-up steps excluded"
 )
+EXPOSED_COMM_METHOD = (
+    "per step: from the last bucket's hook call (backward's gradients all computed) to the completion of the "
+    "last hook future (compression and decompression included): communication the step waited for, "
+    "not hidden behind compute; share = sum over timed steps / step time, mean over ranks"
+)
+WIRE_METHOD = (
+    "pycomm.stats() deltas around each step, per rank: socket_* = frame bytes through TCP sockets, "
+    "shm_ring_sent = frame bytes through same-host shared-memory rings, payload_sent = the collectives' "
+    "own count; fp32 all-reduce as a one-host shared-memory collective counts nothing (PYCOMM_TRANSPORT=tcp "
+    "sends it over sockets)"
+)
+MB = 1e6
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def per_step_wire(result: TrainResult, timed_only: bool = True) -> dict[str, float]:
+    """Each wire count per step and rank, the mean over ranks and (timed) steps."""
+    skip = warmup_steps(len(result.train_loss)) if timed_only else 0
+    return {
+        field: _mean([float(sum(steps[skip:])) / max(1, len(steps) - skip) for steps in by_rank])
+        for field, by_rank in result.wire_bytes.items()
+    }
+
+
+def wire_totals(result: TrainResult) -> dict[str, int]:
+    """Each wire count summed over every rank and step (warm-up included)."""
+    return {field: sum(sum(steps) for steps in by_rank) for field, by_rank in result.wire_bytes.items()}
+
+
+def exposed_per_step(result: TrainResult) -> float:
+    """Exposed comm seconds per timed step, mean over ranks."""
+    skip = warmup_steps(len(result.train_loss))
+    return _mean([_mean(steps[skip:]) for steps in result.exposed_comm_s])
 
 
 def summary(config: TrainConfig, result: TrainResult) -> str:
+    """The end-of-run report: a headline, then communication, bytes and the loss curve."""
     val = result.val_loss[-1][1] if result.val_loss else float("nan")
-    return (
-        f"pycomm.train: backend {config.backend}, hook {config.hook} ({result.hook_impl}), "
+    lines = [
+        f"pycomm.train: model {config.model} ({result.parameters:,} parameters), backend {config.backend}, "
+        f"hook {config.hook}{' +ef' if config.error_feedback else ''} ({result.hook_impl}), "
         f"world {result.world_size}: train loss {result.train_loss[0]:.4f} -> {result.train_loss[-1]:.4f}, "
         f"val loss {val:.4f}, {result.tokens_per_s:,.0f} tokens/s, "
         f"comm {100 * result.comm_share:.1f}% of step time"
+    ]
+    step_s = _mean([_mean(steps[warmup_steps(len(steps)) :]) for steps in result.step_time_by_rank_s])
+    exposed = exposed_per_step(result)
+    lines.append(
+        f"  per step (mean of {result.timed_steps} timed steps and {result.world_size} ranks): "
+        f"{step_s:.3f} s, of which exposed comm {exposed:.3f} s ({100 * result.exposed_comm_share:.1f}%), "
+        f"compute and the rest {max(0.0, step_s - exposed):.3f} s"
     )
+    if result.wire_counted:
+        wire = per_step_wire(result)
+        lines.append(
+            f"  bytes per step and rank: socket sent {wire['socket_sent'] / MB:.2f} MB, received "
+            f"{wire['socket_received'] / MB:.2f} MB, shm rings {wire['shm_ring_sent'] / MB:.2f} MB, "
+            f"payload {wire['payload_sent'] / MB:.2f} MB; fp32 gradient {result.gradient_bytes / MB:.2f} MB; "
+            f"in total (all ranks and steps) {wire_totals(result)['socket_sent'] / MB:,.1f} MB sent over sockets"
+        )
+    else:
+        lines.append(f"  bytes: not counted over {config.backend} (pycomm only)")
+    lines.append("  val loss: " + ", ".join(f"step {step} {loss:.4f}" for step, loss in result.val_loss))
+    lines.append("  train loss: " + ", ".join(f"step {step} {loss:.4f}" for step, loss in _train_points(result)))
+    return "\n".join(lines)
+
+
+def _train_points(result: TrainResult, points: int = 6) -> list[tuple[int, float]]:
+    """A few (step, train loss) points, evenly spaced, first and last included (steps 1-based)."""
+    n = len(result.train_loss)
+    picks = sorted({round(i * (n - 1) / (points - 1)) for i in range(points)}) if n > 1 else [0]
+    return [(i + 1, result.train_loss[i]) for i in picks]
 
 
 def as_json(config: TrainConfig, result: TrainResult) -> dict[str, Any]:
@@ -54,6 +126,20 @@ def as_json(config: TrainConfig, result: TrainResult) -> dict[str, Any]:
         "comm_method": COMM_METHOD,
         "timed_steps": result.timed_steps,
         "buckets_per_step": result.buckets_per_step,
+        "step_time_by_rank_s": result.step_time_by_rank_s,
+        "exposed_comm_s": result.exposed_comm_s,
+        "exposed_comm_per_step_s": exposed_per_step(result),
+        "exposed_comm_total_s": exposed_per_step(result) * result.timed_steps,
+        "exposed_comm_share": result.exposed_comm_share,
+        "exposed_comm_method": EXPOSED_COMM_METHOD,
+        "wire": {
+            "counted": result.wire_counted,
+            "gradient_bytes": result.gradient_bytes,
+            "per_step_and_rank": per_step_wire(result),
+            "total": wire_totals(result),
+            "by_rank": result.wire_bytes,
+            "method": WIRE_METHOD,
+        },
     }
 
 
@@ -76,28 +162,37 @@ def have_matplotlib() -> bool:
 
 
 def write_plot(path: str, config: TrainConfig, result: TrainResult) -> None:
-    """Train loss per step and validation loss at each evaluation (matplotlib, imported only here)."""
+    """Loss curves (train per step, validation at each evaluation) and each step's time split."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on CI or on a remote rank
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    fig, (losses, times) = plt.subplots(2, 1, figsize=(7, 6.4), dpi=100, height_ratios=(3, 2), sharex=True)
     try:
-        steps = range(1, len(result.train_loss) + 1)
-        ax.plot(steps, result.train_loss, label="train (mean over ranks)", color="tab:blue")
+        steps = list(range(1, len(result.train_loss) + 1))
+        losses.plot(steps, result.train_loss, label="train (mean over ranks)", color="tab:blue")
         if result.val_loss:
             val_steps, val = zip(*result.val_loss)
-            ax.plot(val_steps, val, "o-", label="validation", color="tab:orange")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (nats per byte)")
-        ax.set_title(
-            f"{config.backend}, hook {config.hook}, world {result.world_size}: "
-            f"{result.tokens_per_s:,.0f} tok/s, comm {100 * result.comm_share:.0f}%",
+            losses.plot(val_steps, val, "o-", label="validation", color="tab:orange")
+        losses.set_ylabel("loss (nats per byte)")
+        ef = " +ef" if config.error_feedback else ""
+        losses.set_title(
+            f"model {config.model}, {config.backend}, hook {config.hook}{ef}, world {result.world_size}: "
+            f"{result.tokens_per_s:,.0f} tok/s, exposed comm {100 * result.exposed_comm_share:.0f}%",
             fontsize=10,
         )
-        ax.grid(alpha=0.3)
-        ax.legend()
+        losses.grid(alpha=0.3)
+        losses.legend()
+        world = len(result.step_time_by_rank_s)
+        step_s = [sum(rank[i] for rank in result.step_time_by_rank_s) / world for i in range(len(steps))]
+        exposed = [sum(rank[i] for rank in result.exposed_comm_s) / world for i in range(len(steps))]
+        times.plot(steps, step_s, label="step", color="tab:gray")
+        times.fill_between(steps, exposed, label="exposed comm", color="tab:red", alpha=0.4)
+        times.set_xlabel("step")
+        times.set_ylabel("seconds (mean over ranks)")
+        times.grid(alpha=0.3)
+        times.legend(loc="upper right")
         fig.tight_layout()
         fig.savefig(path)
     finally:
