@@ -1,10 +1,12 @@
 """pycomm.train: a thin data-parallel trainer that exercises pycomm under DDP.
 
-A tiny character-level transformer learns the Python standard library's own
-source (a corpus every machine with Python has), data parallel over
-``--backend pycomm|gloo`` with an optional gradient-compression comm hook.
-It reports train/validation loss, tokens per second and the share of step
-time spent in communication. Run ``python -m pycomm.train --help``.
+A character-level transformer (``--model small``, tiny, or ``large``, with a
+hashed n-gram embedding of tens of millions of parameters) learns the Python
+standard library's own source (a corpus every machine with Python has), data
+parallel over ``--backend pycomm|gloo`` with an optional gradient-compression
+comm hook. It reports train/validation loss curves, tokens per second, the
+communication the steps waited for, and the bytes they put on the wire. Run
+``python -m pycomm.train --help``.
 """
 
 from __future__ import annotations

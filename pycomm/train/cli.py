@@ -42,8 +42,9 @@ def _number(kind: Callable[[str], float], low: float, inclusive: bool) -> Callab
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG,
-        description="Train a tiny character-level transformer on the Python standard library's source, "
-        "data parallel (DDP) over pycomm or gloo, and report loss, tokens/s and the comm share of step time.",
+        description="Train a character-level transformer on the Python standard library's source, "
+        "data parallel (DDP) over pycomm or gloo, and report the loss curves, tokens/s, the exposed "
+        "communication time and the bytes on the wire.",
         epilog="Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set) the launched ranks join via env://, on any "
         "number of hosts; otherwise --nproc ranks are spawned here. Exit codes: 0 ok, 1 failure, 2 usage error.",
     )
@@ -79,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=10,
         help="validate every N steps, and after the last; 0: only after the last (default 10)",
     )
-    p.add_argument("--json", metavar="PATH", help="write the run's log (config, losses, tokens/s, comm share) here")
-    p.add_argument("--plot", metavar="PATH", help="write the loss curve here as PNG (needs matplotlib)")
+    p.add_argument("--json", metavar="PATH", help="write the run's log (config, loss curves, tokens/s, exposed comm, bytes on the wire) here")
+    p.add_argument("--plot", metavar="PATH", help="write the loss curves and step times here as PNG (needs matplotlib)")
     p.add_argument(
         "--nproc", type=_number(int, 1, True), default=2, help="local ranks to spawn (default 2; not under torchrun)"
     )
