@@ -12,6 +12,28 @@
 namespace pycomm::algorithms {
 namespace {
 
+// Parts [offsets[q], offsets[q+1]) of a buffer moved `stretch` bytes at a time, one stretch of every
+// part a step: as many steps as the longest part needs (at least one, so every rank takes a step).
+struct PartStretches {
+  const std::vector<size_t>& offsets;
+  size_t stretch;
+  size_t steps() const {
+    size_t largest = 0;
+    for (size_t q = 0; q + 1 < offsets.size(); ++q) largest = std::max(largest, offsets[q + 1] - offsets[q]);
+    return std::max<size_t>(1, (largest + stretch - 1) / stretch);
+  }
+  // Part q's stretch of step k: (first byte, length), the length 0 once the part is done.
+  std::pair<size_t, size_t> at(int q, size_t k) const {
+    const size_t length = offsets[q + 1] - offsets[q];
+    const size_t begin = std::min(length, k * stretch);
+    return {offsets[q] + begin, std::min(length, begin + stretch) - begin};
+  }
+};
+
+}  // namespace
+
+namespace {
+
 size_t alignUp(size_t n) { return (n + 4095) & ~size_t{4095}; }
 
 }  // namespace
@@ -316,14 +338,9 @@ void ShmGroup::reduceScatterParts(void* data, const std::vector<size_t>& offsets
   const size_t esize = elementSize(dtype);
   // A step carries one stretch of every part: the slot holds p of them, each on its own cache lines.
   const size_t stretch = std::max<size_t>(64, slotBytes_ / size_ / 64 * 64);
-  size_t largest = 0;
-  for (int q = 0; q < size_; ++q) largest = std::max(largest, offsets[q + 1] - offsets[q]);
-  const size_t steps = std::max<size_t>(1, (largest + stretch - 1) / stretch);
-  auto part = [&](int q, size_t k) {
-    const size_t length = offsets[q + 1] - offsets[q];
-    const size_t begin = std::min(length, k * stretch);
-    return std::make_pair(offsets[q] + begin, std::min(length, begin + stretch) - begin);
-  };
+  const PartStretches parts{offsets, stretch};
+  const size_t steps = parts.steps();
+  auto part = [&](int q, size_t k) { return parts.at(q, k); };
   std::vector<const void*> sources(size_);
   for (size_t k = 0; k < steps; ++k) {
     const uint32_t e = begin(sig, wait);
@@ -346,14 +363,9 @@ void ShmGroup::reduceScatterParts(void* data, const std::vector<size_t>& offsets
 void ShmGroup::allgatherParts(void* data, const std::vector<size_t>& offsets, const OpSignature& sig,
                               const ShmWait& wait) {
   auto* bytes = static_cast<uint8_t*>(data);
-  size_t largest = 0;
-  for (int q = 0; q < size_; ++q) largest = std::max(largest, offsets[q + 1] - offsets[q]);
-  const size_t chunks = std::max<size_t>(1, (largest + slotBytes_ - 1) / slotBytes_);
-  auto part = [&](int q, size_t k) {
-    const size_t length = offsets[q + 1] - offsets[q];
-    const size_t begin = std::min(length, k * slotBytes_);
-    return std::make_pair(offsets[q] + begin, std::min(length, begin + slotBytes_) - begin);
-  };
+  const PartStretches parts{offsets, slotBytes_};
+  const size_t chunks = parts.steps();
+  auto part = [&](int q, size_t k) { return parts.at(q, k); };
   for (size_t k = 0; k < chunks; ++k) {
     const uint32_t e = begin(sig, wait);
     auto [offset, n] = part(rank_, k);
