@@ -12,6 +12,8 @@ wanted to send and what the codec let through, and adds it to the next step's gr
 copy of the gradients in all). On a pycomm group with CPU tensors the core does it inside the
 encoding (no extra passes over the bucket in Python); with several ranks a host what is encoded is
 the host's sum of a slice, so the residual is that rounding's error, kept by the rank that made it.
+For CUDA tensors (and on other backends) the residual stays in Python and is this rank's own
+rounding error, which with several ranks a host is only an approximation of the rounding made.
 """
 
 # No `from __future__ import annotations` here: DDP inspects the hooks' annotations at runtime
