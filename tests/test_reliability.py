@@ -1049,7 +1049,8 @@ def _delay_rank1_backend(rank: int) -> None:
 
 
 def _formed_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any]:
-    ctl.event("formed")
+    """Says when its group formed (the monotonic time, for tests that time setup), then all-reduces once."""
+    ctl.event("formed", time.monotonic())
     inputs = [torch.arange(10_000, dtype=torch.int64) * (r + 1) for r in range(world)]
     t = inputs[rank].clone()
     dist.all_reduce(t)

@@ -38,6 +38,7 @@ from test_reliability import (
     _await_close,
     _converse,
     _dropped_lines,
+    _formed_worker,
     _hello_for,
     _report,
 )
@@ -159,16 +160,6 @@ class _Flood:
                     s.close()
                     self._socks[i] = None
             time.sleep(0.05)
-
-
-def _formed_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any]:
-    ctl.event("formed", time.monotonic())
-    inputs = [torch.arange(10_000, dtype=torch.int64) * (r + 1) for r in range(world)]
-    t = inputs[rank].clone()
-    dist.all_reduce(t)
-    ok = torch.equal(t, sum(inputs))
-    assert ctl.command() == "done"
-    return {"ok": ok}
 
 
 def _summarised(lines: list[str]) -> int:
