@@ -1,6 +1,7 @@
 #include "codec_kernels.cuh"
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "core/error.h"
@@ -50,111 +51,57 @@ __device__ __forceinline__ void storeCode16(uint8_t* p, uint16_t h) {
   p[1] = static_cast<uint8_t>(h >> 8);
 }
 
+// The bodies below run on one vector step of 8 elements starting at i (aligned: 32 bytes of floats,
+// 16 of codes) or on the single element i.
+
 template <typename C>
-__global__ void __launch_bounds__(kThreads)
-    encode16Kernel(const float* __restrict__ in, size_t count, uint8_t* __restrict__ out, Peel peel) {
-  detail::peeledLoop<8>(
-      detail::gridThread(), detail::gridThreads(), count, peel,
-      [&](size_t i) {
-        float v[8];
-        load8(in + i, v);
-        Codes8 c;
+__device__ __forceinline__ void encode8(const float* __restrict__ in, size_t i, uint8_t* __restrict__ out) {
+  float v[8];
+  load8(in + i, v);
+  Codes8 c;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) c.h[k] = C::encode(v[k]);
-        *reinterpret_cast<uint4*>(out + 2 * i) = c.u;
-      },
-      [&](size_t i) { storeCode16(out + 2 * i, C::encode(in[i])); });
+  for (int k = 0; k < 8; ++k) c.h[k] = C::encode(v[k]);
+  *reinterpret_cast<uint4*>(out + 2 * i) = c.u;
 }
 
 template <typename C>
-__global__ void __launch_bounds__(kThreads)
-    decode16Kernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ out, Peel peel) {
-  detail::peeledLoop<8>(
-      detail::gridThread(), detail::gridThreads(), count, peel,
-      [&](size_t i) {
-        Codes8 c;
-        c.u = *reinterpret_cast<const uint4*>(in + 2 * i);
-        float v[8];
+__device__ __forceinline__ void decode8(const uint8_t* __restrict__ in, size_t i, float* __restrict__ out) {
+  Codes8 c;
+  c.u = *reinterpret_cast<const uint4*>(in + 2 * i);
+  float v[8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = C::decode(c.h[k]);
-        store8(out + i, v);
-      },
-      [&](size_t i) { out[i] = C::decode(loadCode16(in + 2 * i)); });
+  for (int k = 0; k < 8; ++k) v[k] = C::decode(c.h[k]);
+  store8(out + i, v);
 }
 
 template <typename C>
-__global__ void __launch_bounds__(kThreads)
-    decodeAdd16Kernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ acc, Peel peel) {
-  detail::peeledLoop<8>(
-      detail::gridThread(), detail::gridThreads(), count, peel,
-      [&](size_t i) {
-        Codes8 c;
-        c.u = *reinterpret_cast<const uint4*>(in + 2 * i);
-        float a[8];
-        load8(acc + i, a);
+__device__ __forceinline__ void decodeAdd8(const uint8_t* __restrict__ in, size_t i, float* __restrict__ acc) {
+  Codes8 c;
+  c.u = *reinterpret_cast<const uint4*>(in + 2 * i);
+  float a[8];
+  load8(acc + i, a);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) a[k] = ops::add(a[k], C::decode(c.h[k]));
-        store8(acc + i, a);
-      },
-      [&](size_t i) { acc[i] = ops::add(acc[i], C::decode(loadCode16(in + 2 * i))); });
+  for (int k = 0; k < 8; ++k) a[k] = ops::add(a[k], C::decode(c.h[k]));
+  store8(acc + i, a);
 }
 
-// in and out may be the same buffer: each element is read before it is written, by the same thread.
+// (acc + decode(h)) * scale, the product skipped when scale is 1 (`scaled` false).
 template <typename C>
-__global__ void __launch_bounds__(kThreads) decodeAddEncode16Kernel(const uint8_t* in, const float* __restrict__ acc,
-                                                                   size_t count, uint8_t* out, float scale, Peel peel) {
-  const bool scaled = scale != 1.0f;
-  auto sum = [&](float a, uint16_t h) {
-    const float s = ops::add(a, C::decode(h));
-    return scaled ? ops::mul(s, scale) : s;
-  };
-  detail::peeledLoop<8>(
-      detail::gridThread(), detail::gridThreads(), count, peel,
-      [&](size_t i) {
-        Codes8 c;
-        c.u = *reinterpret_cast<const uint4*>(in + 2 * i);
-        float a[8];
-        load8(acc + i, a);
+__device__ __forceinline__ float scaledSum(float a, uint16_t h, bool scaled, float scale) {
+  const float s = ops::add(a, C::decode(h));
+  return scaled ? ops::mul(s, scale) : s;
+}
+
+template <typename C>
+__device__ __forceinline__ void decodeAddEncode8(const uint8_t* in, const float* __restrict__ acc, size_t i,
+                                                 uint8_t* out, bool scaled, float scale) {
+  Codes8 c;
+  c.u = *reinterpret_cast<const uint4*>(in + 2 * i);
+  float a[8];
+  load8(acc + i, a);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) c.h[k] = C::encode(sum(a[k], c.h[k]));
-        *reinterpret_cast<uint4*>(out + 2 * i) = c.u;
-      },
-      [&](size_t i) { storeCode16(out + 2 * i, C::encode(sum(acc[i], loadCode16(in + 2 * i)))); });
-}
-
-template <typename Kernel>
-unsigned grid16(Kernel* kernel, size_t count, Peel peel) {
-  const size_t scalars = count - peel.nvec * 8;
-  return detail::gridFor(kernel, peel.nvec > scalars ? peel.nvec : scalars);
-}
-
-template <typename C>
-void encode16(const float* in, size_t count, uint8_t* out, cudaStream_t stream) {
-  const Peel peel = detail::peelFor(count, 8, {{in, 4}, {out, 2}});
-  auto* kernel = encode16Kernel<C>;
-  kernel<<<grid16(kernel, count, peel), kThreads, 0, stream>>>(in, count, out, peel);
-}
-
-template <typename C>
-void decode16(const uint8_t* in, size_t count, float* out, cudaStream_t stream) {
-  const Peel peel = detail::peelFor(count, 8, {{in, 2}, {out, 4}});
-  auto* kernel = decode16Kernel<C>;
-  kernel<<<grid16(kernel, count, peel), kThreads, 0, stream>>>(in, count, out, peel);
-}
-
-template <typename C>
-void decodeAdd16(const uint8_t* in, size_t count, float* acc, cudaStream_t stream) {
-  const Peel peel = detail::peelFor(count, 8, {{in, 2}, {acc, 4}});
-  auto* kernel = decodeAdd16Kernel<C>;
-  kernel<<<grid16(kernel, count, peel), kThreads, 0, stream>>>(in, count, acc, peel);
-}
-
-template <typename C>
-void decodeAddEncode16(const uint8_t* in, const float* acc, size_t count, uint8_t* out, float scale,
-                       cudaStream_t stream) {
-  const Peel peel = detail::peelFor(count, 8, {{in, 2}, {acc, 4}, {out, 2}});
-  auto* kernel = decodeAddEncode16Kernel<C>;
-  kernel<<<grid16(kernel, count, peel), kThreads, 0, stream>>>(in, acc, count, out, scale, peel);
+  for (int k = 0; k < 8; ++k) c.h[k] = C::encode(scaledSum<C>(a[k], c.h[k], scaled, scale));
+  *reinterpret_cast<uint4*>(out + 2 * i) = c.u;
 }
 
 // ---- fp8: one warp per 256-element block -------------------------------------------------------------
@@ -315,145 +262,165 @@ __device__ __forceinline__ void forEachBlock(size_t count, Body&& body) {
   }
 }
 
-template <typename F, bool kAligned>
+// ---- the kernels: one per operation, for every codec ---------------------------------------------
+//
+// C is the codec's element type (ops::Fp16, ops::Bf16: elementwise over the peeled loop; ops::E4M3,
+// ops::E5M2: one warp per block). kAligned (fp8 only) selects the vector layout for full blocks; the
+// peel (fp16/bf16 only) says where the aligned vector steps are.
+
+template <typename C>
+constexpr bool kIsFp8 = std::is_same_v<C, ops::E4M3> || std::is_same_v<C, ops::E5M2>;
+
+template <typename C, bool kAligned>
 __global__ void __launch_bounds__(kThreads)
-    encodeFp8Kernel(const float* __restrict__ in, size_t count, uint8_t* __restrict__ out) {
-  forEachBlock<kAligned>(count, [&](auto vec, size_t b, size_t start, size_t n, int lane) {
-    constexpr bool kVec = decltype(vec)::value;
-    float v[8];
-    loadFloats<kVec>(in + start, n, lane, v);
-    encodeBlock<F, kVec>(v, n, lane, out + b * kBlockBytes);
-  });
+    encodeKernel(const float* __restrict__ in, size_t count, uint8_t* __restrict__ out, Peel peel) {
+  if constexpr (kIsFp8<C>) {
+    forEachBlock<kAligned>(count, [&](auto vec, size_t b, size_t start, size_t n, int lane) {
+      constexpr bool kVec = decltype(vec)::value;
+      float v[8];
+      loadFloats<kVec>(in + start, n, lane, v);
+      encodeBlock<C, kVec>(v, n, lane, out + b * kBlockBytes);
+    });
+  } else {
+    detail::peeledLoop<8>(
+        detail::gridThread(), detail::gridThreads(), count, peel, [&](size_t i) { encode8<C>(in, i, out); },
+        [&](size_t i) { storeCode16(out + 2 * i, C::encode(in[i])); });
+  }
 }
 
-template <typename F, bool kAligned>
+template <typename C, bool kAligned>
 __global__ void __launch_bounds__(kThreads)
-    decodeFp8Kernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ out) {
-  forEachBlock<kAligned>(count, [&](auto vec, size_t b, size_t start, size_t n, int lane) {
-    constexpr bool kVec = decltype(vec)::value;
-    float v[8];
-    decodeBlock<F, kVec>(in + b * kBlockBytes, n, lane, v);
-    storeFloats<kVec>(out + start, n, lane, v);
-  });
+    decodeKernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ out, Peel peel) {
+  if constexpr (kIsFp8<C>) {
+    forEachBlock<kAligned>(count, [&](auto vec, size_t b, size_t start, size_t n, int lane) {
+      constexpr bool kVec = decltype(vec)::value;
+      float v[8];
+      decodeBlock<C, kVec>(in + b * kBlockBytes, n, lane, v);
+      storeFloats<kVec>(out + start, n, lane, v);
+    });
+  } else {
+    detail::peeledLoop<8>(
+        detail::gridThread(), detail::gridThreads(), count, peel, [&](size_t i) { decode8<C>(in, i, out); },
+        [&](size_t i) { out[i] = C::decode(loadCode16(in + 2 * i)); });
+  }
 }
 
-template <typename F, bool kAligned>
+template <typename C, bool kAligned>
 __global__ void __launch_bounds__(kThreads)
-    decodeAddFp8Kernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ acc) {
-  forEachBlock<kAligned>(count, [&](auto vec, size_t b, size_t start, size_t n, int lane) {
-    constexpr bool kVec = decltype(vec)::value;
-    float v[8];
-    float a[8];
-    decodeBlock<F, kVec>(in + b * kBlockBytes, n, lane, v);
-    loadFloats<kVec>(acc + start, n, lane, a);
+    decodeAddKernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ acc, Peel peel) {
+  if constexpr (kIsFp8<C>) {
+    forEachBlock<kAligned>(count, [&](auto vec, size_t b, size_t start, size_t n, int lane) {
+      constexpr bool kVec = decltype(vec)::value;
+      float v[8];
+      float a[8];
+      decodeBlock<C, kVec>(in + b * kBlockBytes, n, lane, v);
+      loadFloats<kVec>(acc + start, n, lane, a);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) a[k] = ops::add(a[k], v[k]);
-    storeFloats<kVec>(acc + start, n, lane, a);
-  });
+      for (int k = 0; k < 8; ++k) a[k] = ops::add(a[k], v[k]);
+      storeFloats<kVec>(acc + start, n, lane, a);
+    });
+  } else {
+    detail::peeledLoop<8>(
+        detail::gridThread(), detail::gridThreads(), count, peel, [&](size_t i) { decodeAdd8<C>(in, i, acc); },
+        [&](size_t i) { acc[i] = ops::add(acc[i], C::decode(loadCode16(in + 2 * i))); });
+  }
 }
 
-// in and out may be the same buffer: a warp reads its whole block (scale and codes) before the warp
-// reduction of encodeBlock, and writes it after.
-template <typename F, bool kAligned>
-__global__ void __launch_bounds__(kThreads) decodeAddEncodeFp8Kernel(const uint8_t* in, const float* __restrict__ acc,
-                                                                    size_t count, uint8_t* out, float scale) {
+// in and out may be the same buffer. fp16/bf16: each element is read before it is written, by the
+// same thread; fp8: a warp reads its whole block (scale and codes) before the warp reduction of
+// encodeBlock, and writes it after.
+template <typename C, bool kAligned>
+__global__ void __launch_bounds__(kThreads) decodeAddEncodeKernel(const uint8_t* in, const float* __restrict__ acc,
+                                                                 size_t count, uint8_t* out, float scale, Peel peel) {
   const bool scaled = scale != 1.0f;
-  forEachBlock<kAligned>(count, [&](auto vec, size_t b, size_t start, size_t n, int lane) {
-    constexpr bool kVec = decltype(vec)::value;
-    float v[8];
-    float a[8];
-    decodeBlock<F, kVec>(in + b * kBlockBytes, n, lane, v);
-    loadFloats<kVec>(acc + start, n, lane, a);
+  if constexpr (kIsFp8<C>) {
+    forEachBlock<kAligned>(count, [&](auto vec, size_t b, size_t start, size_t n, int lane) {
+      constexpr bool kVec = decltype(vec)::value;
+      float v[8];
+      float a[8];
+      decodeBlock<C, kVec>(in + b * kBlockBytes, n, lane, v);
+      loadFloats<kVec>(acc + start, n, lane, a);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      a[k] = ops::add(a[k], v[k]);
-      if (scaled) a[k] = ops::mul(a[k], scale);
-    }
-    encodeBlock<F, kVec>(a, n, lane, out + b * kBlockBytes);
-  });
+      for (int k = 0; k < 8; ++k) {
+        a[k] = ops::add(a[k], v[k]);
+        if (scaled) a[k] = ops::mul(a[k], scale);
+      }
+      encodeBlock<C, kVec>(a, n, lane, out + b * kBlockBytes);
+    });
+  } else {
+    detail::peeledLoop<8>(
+        detail::gridThread(), detail::gridThreads(), count, peel,
+        [&](size_t i) { decodeAddEncode8<C>(in, acc, i, out, scaled, scale); },
+        [&](size_t i) {
+          storeCode16(out + 2 * i, C::encode(scaledSum<C>(acc[i], loadCode16(in + 2 * i), scaled, scale)));
+        });
+  }
 }
 
-template <typename Kernel>
-unsigned gridFp8(Kernel* kernel, size_t count) {
-  return detail::gridFor(kernel, (count + kBlock - 1) / kBlock, kWarpsPerCta);
+// ---- launching ------------------------------------------------------------------------------------
+
+// A buffer a kernel reads or writes, as the peel sees it: (pointer, bytes per element in the
+// fp16/bf16 encoding), so 4 for fp32 values and 2 for encoded bytes.
+using Buffers = std::initializer_list<detail::Stream>;
+
+// fp8's vector layout needs the fp32 buffers 16-byte aligned and the encoded ones 4-byte aligned.
+bool fp8Aligned(Buffers buffers) {
+  bool aligned = true;
+  for (const detail::Stream& b : buffers) aligned = aligned && isAligned(b.ptr, b.stride == 4 ? 16 : 4);
+  return aligned;
 }
 
-template <typename F>
-void encodeFp8(const float* in, size_t count, uint8_t* out, cudaStream_t stream) {
-  auto* kernel = (isAligned(in, 16) && isAligned(out, 4)) ? encodeFp8Kernel<F, true> : encodeFp8Kernel<F, false>;
-  kernel<<<gridFp8(kernel, count), kThreads, 0, stream>>>(in, count, out);
+// Launches kernelFor(C{}, std::bool_constant<kAligned>{}) over `count` elements with `args` and the peel.
+template <typename C, typename KernelFor, typename... Args>
+void launch(KernelFor kernelFor, Buffers buffers, size_t count, cudaStream_t stream, Args... args) {
+  if constexpr (kIsFp8<C>) {
+    auto* kernel = fp8Aligned(buffers) ? kernelFor(C{}, std::true_type{}) : kernelFor(C{}, std::false_type{});
+    const size_t nblocks = (count + kBlock - 1) / kBlock;
+    kernel<<<detail::gridFor(kernel, nblocks, kWarpsPerCta), kThreads, 0, stream>>>(args..., Peel{});
+  } else {
+    const Peel peel = detail::peelFor(count, 8, buffers);
+    const size_t scalars = count - peel.nvec * 8;
+    auto* kernel = kernelFor(C{}, std::true_type{});
+    kernel<<<detail::gridFor(kernel, peel.nvec > scalars ? peel.nvec : scalars), kThreads, 0, stream>>>(args..., peel);
+  }
 }
 
-template <typename F>
-void decodeFp8(const uint8_t* in, size_t count, float* out, cudaStream_t stream) {
-  auto* kernel = (isAligned(in, 4) && isAligned(out, 16)) ? decodeFp8Kernel<F, true> : decodeFp8Kernel<F, false>;
-  kernel<<<gridFp8(kernel, count), kThreads, 0, stream>>>(in, count, out);
-}
-
-template <typename F>
-void decodeAddFp8(const uint8_t* in, size_t count, float* acc, cudaStream_t stream) {
-  const bool aligned = isAligned(in, 4) && isAligned(acc, 16);
-  auto* kernel = aligned ? decodeAddFp8Kernel<F, true> : decodeAddFp8Kernel<F, false>;
-  kernel<<<gridFp8(kernel, count), kThreads, 0, stream>>>(in, count, acc);
-}
-
-template <typename F>
-void decodeAddEncodeFp8(const uint8_t* in, const float* acc, size_t count, uint8_t* out, float scale,
-                        cudaStream_t stream) {
-  const bool aligned = isAligned(in, 4) && isAligned(acc, 16) && isAligned(out, 4);
-  auto* kernel = aligned ? decodeAddEncodeFp8Kernel<F, true> : decodeAddEncodeFp8Kernel<F, false>;
-  kernel<<<gridFp8(kernel, count), kThreads, 0, stream>>>(in, acc, count, out, scale);
-}
-
-[[noreturn]] void badCodec(Codec codec) {
-  throw InvalidUsageError(strCat("unknown codec ", static_cast<int>(codec)));
+// The public operations' common part: the codec's element type, nothing for count == 0 (an unknown
+// codec throws all the same), the launch check.
+template <typename KernelFor, typename... Args>
+void run(const char* what, Codec codec, KernelFor kernelFor, Buffers buffers, size_t count, cudaStream_t stream,
+         Args... args) {
+  switch (codec) {
+    case Codec::kFp16: if (count) launch<ops::Fp16>(kernelFor, buffers, count, stream, args...); break;
+    case Codec::kBf16: if (count) launch<ops::Bf16>(kernelFor, buffers, count, stream, args...); break;
+    case Codec::kFp8E4M3: if (count) launch<ops::E4M3>(kernelFor, buffers, count, stream, args...); break;
+    case Codec::kFp8E5M2: if (count) launch<ops::E5M2>(kernelFor, buffers, count, stream, args...); break;
+    default: throw InvalidUsageError(strCat("unknown codec ", static_cast<int>(codec)));
+  }
+  if (count) detail::checkLaunch(what);
 }
 
 }  // namespace
 
 void encode(Codec codec, const float* in, size_t count, uint8_t* out, cudaStream_t stream) {
-  switch (codec) {
-    case Codec::kFp16: if (count) encode16<ops::Fp16>(in, count, out, stream); break;
-    case Codec::kBf16: if (count) encode16<ops::Bf16>(in, count, out, stream); break;
-    case Codec::kFp8E4M3: if (count) encodeFp8<ops::E4M3>(in, count, out, stream); break;
-    case Codec::kFp8E5M2: if (count) encodeFp8<ops::E5M2>(in, count, out, stream); break;
-    default: badCodec(codec);
-  }
-  if (count) detail::checkLaunch("encode");
+  auto kernelFor = [](auto c, auto aligned) { return encodeKernel<decltype(c), decltype(aligned)::value>; };
+  run("encode", codec, kernelFor, {{in, 4}, {out, 2}}, count, stream, in, count, out);
 }
 
 void decode(Codec codec, const uint8_t* in, size_t count, float* out, cudaStream_t stream) {
-  switch (codec) {
-    case Codec::kFp16: if (count) decode16<ops::Fp16>(in, count, out, stream); break;
-    case Codec::kBf16: if (count) decode16<ops::Bf16>(in, count, out, stream); break;
-    case Codec::kFp8E4M3: if (count) decodeFp8<ops::E4M3>(in, count, out, stream); break;
-    case Codec::kFp8E5M2: if (count) decodeFp8<ops::E5M2>(in, count, out, stream); break;
-    default: badCodec(codec);
-  }
-  if (count) detail::checkLaunch("decode");
+  auto kernelFor = [](auto c, auto aligned) { return decodeKernel<decltype(c), decltype(aligned)::value>; };
+  run("decode", codec, kernelFor, {{in, 2}, {out, 4}}, count, stream, in, count, out);
 }
 
 void decodeAdd(Codec codec, const uint8_t* in, size_t count, float* acc, cudaStream_t stream) {
-  switch (codec) {
-    case Codec::kFp16: if (count) decodeAdd16<ops::Fp16>(in, count, acc, stream); break;
-    case Codec::kBf16: if (count) decodeAdd16<ops::Bf16>(in, count, acc, stream); break;
-    case Codec::kFp8E4M3: if (count) decodeAddFp8<ops::E4M3>(in, count, acc, stream); break;
-    case Codec::kFp8E5M2: if (count) decodeAddFp8<ops::E5M2>(in, count, acc, stream); break;
-    default: badCodec(codec);
-  }
-  if (count) detail::checkLaunch("decodeAdd");
+  auto kernelFor = [](auto c, auto aligned) { return decodeAddKernel<decltype(c), decltype(aligned)::value>; };
+  run("decodeAdd", codec, kernelFor, {{in, 2}, {acc, 4}}, count, stream, in, count, acc);
 }
 
 void decodeAddEncode(Codec codec, const uint8_t* in, const float* acc, size_t count, uint8_t* out,
                      cudaStream_t stream, float scale) {
-  switch (codec) {
-    case Codec::kFp16: if (count) decodeAddEncode16<ops::Fp16>(in, acc, count, out, scale, stream); break;
-    case Codec::kBf16: if (count) decodeAddEncode16<ops::Bf16>(in, acc, count, out, scale, stream); break;
-    case Codec::kFp8E4M3: if (count) decodeAddEncodeFp8<ops::E4M3>(in, acc, count, out, scale, stream); break;
-    case Codec::kFp8E5M2: if (count) decodeAddEncodeFp8<ops::E5M2>(in, acc, count, out, scale, stream); break;
-    default: badCodec(codec);
-  }
-  if (count) detail::checkLaunch("decodeAddEncode");
+  auto kernelFor = [](auto c, auto aligned) { return decodeAddEncodeKernel<decltype(c), decltype(aligned)::value>; };
+  run("decodeAddEncode", codec, kernelFor, {{in, 2}, {acc, 4}, {out, 2}}, count, stream, in, acc, count, out, scale);
 }
 
 namespace {
