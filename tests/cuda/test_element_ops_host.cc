@@ -28,6 +28,7 @@
 #include "core/codecs/reduce.h"
 #include "cuda/element_ops.cuh"
 #include "cuda/peel.cuh"
+#include "cuda/reducer_dispatch.cuh"
 
 using namespace pycomm;
 using namespace pycomm::cuda_test;
@@ -249,51 +250,9 @@ void applyReducer(void* dst, const void* src, size_t count) {
   for (size_t i = 0; i < count; ++i) d[i] = R::apply(d[i], s[i]);
 }
 
-// The same (dtype, op) -> reducer mapping as reduce_kernels.cu.
-template <typename Op>
-void arithmetic(void* dst, const void* src, size_t count, DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32: return applyReducer<ops::Native<Op, float>>(dst, src, count);
-    case DataType::kFloat64: return applyReducer<ops::Native<Op, double>>(dst, src, count);
-    case DataType::kFloat16: return applyReducer<ops::Half<Op, ops::Fp16>>(dst, src, count);
-    case DataType::kBFloat16: return applyReducer<ops::Half<Op, ops::Bf16>>(dst, src, count);
-    case DataType::kInt8: return applyReducer<ops::Narrow<Op, int8_t>>(dst, src, count);
-    case DataType::kUInt8: return applyReducer<ops::Narrow<Op, uint8_t>>(dst, src, count);
-    case DataType::kInt16: return applyReducer<ops::Narrow<Op, int16_t>>(dst, src, count);
-    case DataType::kInt32: return applyReducer<ops::Native<Op, int32_t>>(dst, src, count);
-    case DataType::kInt64: return applyReducer<ops::Native<Op, int64_t>>(dst, src, count);
-    default: break;
-  }
-}
-
-template <typename Op>
-void bitwise(void* dst, const void* src, size_t count, DataType dtype) {
-  switch (dtype) {
-    case DataType::kInt8: return applyReducer<ops::Narrow<Op, int8_t>>(dst, src, count);
-    case DataType::kUInt8: return applyReducer<ops::Narrow<Op, uint8_t>>(dst, src, count);
-    case DataType::kInt16: return applyReducer<ops::Narrow<Op, int16_t>>(dst, src, count);
-    case DataType::kInt32: return applyReducer<ops::Native<Op, int32_t>>(dst, src, count);
-    case DataType::kInt64: return applyReducer<ops::Native<Op, int64_t>>(dst, src, count);
-    default: break;
-  }
-}
-
+// The kernels' own (dtype, op) -> reducer mapping (reducer_dispatch.cuh), each reducer run serially.
 void emuReduce(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
-  if (dtype == DataType::kBool) {
-    if (op == ReduceOp::kSum || op == ReduceOp::kMax || op == ReduceOp::kBor) return applyReducer<ops::Bool<ops::BoolOr>>(dst, src, count);
-    if (op == ReduceOp::kBxor) return applyReducer<ops::Bool<ops::BoolXor>>(dst, src, count);
-    return applyReducer<ops::Bool<ops::BoolAnd>>(dst, src, count);
-  }
-  switch (op) {
-    case ReduceOp::kSum: return arithmetic<ops::Sum>(dst, src, count, dtype);
-    case ReduceOp::kProduct: return arithmetic<ops::Product>(dst, src, count, dtype);
-    case ReduceOp::kMin: return arithmetic<ops::Min>(dst, src, count, dtype);
-    case ReduceOp::kMax: return arithmetic<ops::Max>(dst, src, count, dtype);
-    case ReduceOp::kBand: return bitwise<ops::Band>(dst, src, count, dtype);
-    case ReduceOp::kBor: return bitwise<ops::Bor>(dst, src, count, dtype);
-    case ReduceOp::kBxor: return bitwise<ops::Bxor>(dst, src, count, dtype);
-    default: break;
-  }
+  cuda::withReducer(dtype, op, [&](auto reducer) { applyReducer<decltype(reducer)>(dst, src, count); });
 }
 
 void checkReduce() {
