@@ -38,85 +38,38 @@ namespace pycomm::cuda::ops {
 
 // ---- bit casts and correctly rounded arithmetic ----------------------------------------------------
 
-PYCOMM_HD float bitsToFloat(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
+template <typename To, typename From>
+PYCOMM_HD To bitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
 }
 
-PYCOMM_HD uint32_t floatToBits(float f) {
+// Device code uses the intrinsics (single register moves, and the _rn forms that nvcc never fuses);
+// host code the plain operators, which the CPU core's -ffp-contract=off keeps unfused too.
 #if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
+PYCOMM_HD float bitsToFloat(uint32_t bits) { return __uint_as_float(bits); }
+PYCOMM_HD uint32_t floatToBits(float f) { return __float_as_uint(f); }
+PYCOMM_HD double bitsToDouble(uint64_t bits) { return __longlong_as_double(static_cast<long long>(bits)); }
+PYCOMM_HD uint64_t doubleToBits(double d) { return static_cast<uint64_t>(__double_as_longlong(d)); }
+PYCOMM_HD float addRn(float a, float b) { return __fadd_rn(a, b); }
+PYCOMM_HD float mulRn(float a, float b) { return __fmul_rn(a, b); }
+PYCOMM_HD float divRn(float a, float b) { return __fdiv_rn(a, b); }
+PYCOMM_HD double addRn(double a, double b) { return __dadd_rn(a, b); }
+PYCOMM_HD double mulRn(double a, double b) { return __dmul_rn(a, b); }
 #else
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits;
+PYCOMM_HD float bitsToFloat(uint32_t bits) { return bitCast<float>(bits); }
+PYCOMM_HD uint32_t floatToBits(float f) { return bitCast<uint32_t>(f); }
+PYCOMM_HD double bitsToDouble(uint64_t bits) { return bitCast<double>(bits); }
+PYCOMM_HD uint64_t doubleToBits(double d) { return bitCast<uint64_t>(d); }
+template <typename T>
+PYCOMM_HD T addRn(T a, T b) { return a + b; }
+template <typename T>
+PYCOMM_HD T mulRn(T a, T b) { return a * b; }
+template <typename T>
+PYCOMM_HD T divRn(T a, T b) { return a / b; }
 #endif
-}
-
-PYCOMM_HD double bitsToDouble(uint64_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __longlong_as_double(static_cast<long long>(bits));
-#else
-  double d;
-  std::memcpy(&d, &bits, sizeof d);
-  return d;
-#endif
-}
-
-PYCOMM_HD uint64_t doubleToBits(double d) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<uint64_t>(__double_as_longlong(d));
-#else
-  uint64_t bits;
-  std::memcpy(&bits, &d, sizeof bits);
-  return bits;
-#endif
-}
-
-PYCOMM_HD float addRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-PYCOMM_HD float mulRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-PYCOMM_HD float divRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-PYCOMM_HD double addRn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-PYCOMM_HD double mulRn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
 
 PYCOMM_HD bool isNan(float f) { return (floatToBits(f) & 0x7fffffffu) > 0x7f800000u; }
 PYCOMM_HD bool isNan(double d) { return (doubleToBits(d) & 0x7fffffffffffffffull) > 0x7ff0000000000000ull; }
@@ -177,25 +130,18 @@ struct Product {
 };
 
 // MIN/MAX propagate NaN: the CPU returns a + b when either is NaN, which is x86Nan(a, b).
-struct Min {
+template <bool kMax>
+struct MinMax {
   template <typename T>
   PYCOMM_HD static T apply(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
       if (isNan(a) || isNan(b)) return x86Nan(a, b);
     }
-    return b < a ? b : a;
+    return (kMax ? a < b : b < a) ? b : a;
   }
 };
-
-struct Max {
-  template <typename T>
-  PYCOMM_HD static T apply(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (isNan(a) || isNan(b)) return x86Nan(a, b);
-    }
-    return a < b ? b : a;
-  }
-};
+using Min = MinMax<false>;
+using Max = MinMax<true>;
 
 struct Band {
   template <typename T>

@@ -17,29 +17,14 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "cuda/element_ops.cuh"
 
 namespace pycomm::cuda_test {
 
-inline uint32_t fbits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-inline float bitsf(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-inline uint64_t dbits(double d) {
-  uint64_t b;
-  std::memcpy(&b, &d, 8);
-  return b;
-}
-inline double bitsd(uint64_t b) {
-  double d;
-  std::memcpy(&d, &b, 8);
-  return d;
-}
+inline uint32_t fbits(float f) { return cuda::ops::floatToBits(f); }
+inline float bitsf(uint32_t b) { return cuda::ops::bitsToFloat(b); }
+inline uint64_t dbits(double d) { return cuda::ops::doubleToBits(d); }
+inline double bitsd(uint64_t b) { return cuda::ops::bitsToDouble(b); }
 
 constexpr uint32_t kCanonicalNan = 0x7fc00000u;
 
@@ -235,31 +220,20 @@ inline std::vector<uint8_t> reduceInput(DataType dtype, size_t count, uint64_t s
   return out;
 }
 
+// A NaN of a floating dtype: its magnitude bits above those of Inf (the element read little-endian).
 inline bool isNanOf(DataType dtype, const uint8_t* p) {
+  uint64_t inf;
   switch (dtype) {
-    case DataType::kFloat32: {
-      uint32_t b;
-      std::memcpy(&b, p, 4);
-      return (b & 0x7fffffffu) > 0x7f800000u;
-    }
-    case DataType::kFloat64: {
-      uint64_t b;
-      std::memcpy(&b, p, 8);
-      return (b & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
-    }
-    case DataType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return (h & 0x7fffu) > 0x7c00u;
-    }
-    case DataType::kBFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return (h & 0x7fffu) > 0x7f80u;
-    }
-    default:
-      return false;
+    case DataType::kFloat32: inf = 0x7f800000u; break;
+    case DataType::kFloat64: inf = 0x7ff0000000000000ull; break;
+    case DataType::kFloat16: inf = 0x7c00u; break;
+    case DataType::kBFloat16: inf = 0x7f80u; break;
+    default: return false;
   }
+  const size_t es = elementSize(dtype);
+  uint64_t bits = 0;
+  std::memcpy(&bits, p, es);
+  return (bits & ~(uint64_t{1} << (8 * es - 1))) > inf;
 }
 
 // Where dst and src are both NaN, make both the same canonical NaN (see the header comment).
