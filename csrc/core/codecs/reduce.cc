@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../error.h"
 #include "half.h"
@@ -21,24 +22,18 @@ struct Product {
   static T apply(T a, T b) { return a * b; }
 };
 // MIN/MAX propagate NaN as torch does (a NaN on any rank gives NaN).
-struct Min {
+template <bool kMax>
+struct MinMax {
   template <typename T>
   static T apply(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
       if (std::isnan(a) || std::isnan(b)) return a + b;
     }
-    return b < a ? b : a;
+    return (kMax ? a < b : b < a) ? b : a;
   }
 };
-struct Max {
-  template <typename T>
-  static T apply(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(a) || std::isnan(b)) return a + b;
-    }
-    return a < b ? b : a;
-  }
-};
+using Min = MinMax<false>;
+using Max = MinMax<true>;
 struct Band {
   template <typename T>
   static T apply(T a, T b) { return a & b; }
@@ -52,17 +47,19 @@ struct Bxor {
   static T apply(T a, T b) { return a ^ b; }
 };
 
+// dst[i] = dst[i] op src[i]. Narrow integers are computed in int32 (C++ promotes to int anyway) and
+// cast back, which truncates as torch does.
 template <typename Op, typename T>
 void reduceTyped(T* __restrict dst, const T* __restrict src, size_t count) {
-  for (size_t i = 0; i < count; ++i) dst[i] = Op::apply(dst[i], src[i]);
+  using Wide = std::conditional_t<std::is_integral_v<T> && (sizeof(T) < sizeof(int32_t)), int32_t, T>;
+  for (size_t i = 0; i < count; ++i) {
+    dst[i] = static_cast<T>(Op::apply(static_cast<Wide>(dst[i]), static_cast<Wide>(src[i])));
+  }
 }
 
-// Wider arithmetic for narrow integers: C++ promotes to int anyway; cast back truncates as torch does.
 template <typename Op, typename T>
-void reduceNarrowInt(T* __restrict dst, const T* __restrict src, size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    dst[i] = static_cast<T>(Op::apply(static_cast<int32_t>(dst[i]), static_cast<int32_t>(src[i])));
-  }
+void reduceAs(void* dst, const void* src, size_t count) {
+  reduceTyped<Op>(static_cast<T*>(dst), static_cast<const T*>(src), count);
 }
 
 template <typename Op, float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
@@ -89,49 +86,37 @@ struct BoolXor {
   static uint8_t apply(uint8_t a, uint8_t b) { return a ^ b; }
 };
 
+// The integer cases are written out in both switches rather than shared: one switch per dispatch
+// compiles to one jump table, and a shared helper changes the code GCC generates around the loops.
 template <typename Op>
 void dispatchArithmetic(void* dst, const void* src, size_t count, DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32:
-      return reduceTyped<Op>(static_cast<float*>(dst), static_cast<const float*>(src), count);
-    case DataType::kFloat64:
-      return reduceTyped<Op>(static_cast<double*>(dst), static_cast<const double*>(src), count);
+    case DataType::kFloat32: return reduceAs<Op, float>(dst, src, count);
+    case DataType::kFloat64: return reduceAs<Op, double>(dst, src, count);
     case DataType::kFloat16:
       return reduceHalf<Op, fp16ToFloat, floatToFp16>(static_cast<uint16_t*>(dst),
                                                       static_cast<const uint16_t*>(src), count);
     case DataType::kBFloat16:
       return reduceHalf<Op, bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(dst),
                                                       static_cast<const uint16_t*>(src), count);
-    case DataType::kInt8:
-      return reduceNarrowInt<Op>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count);
-    case DataType::kUInt8:
-      return reduceNarrowInt<Op>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count);
-    case DataType::kInt16:
-      return reduceNarrowInt<Op>(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count);
-    case DataType::kInt32:
-      return reduceTyped<Op>(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
-    case DataType::kInt64:
-      return reduceTyped<Op>(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
-    default:
-      throw InternalError(strCat("reduce: unexpected dtype ", dtypeName(dtype)));
+    case DataType::kInt8: return reduceAs<Op, int8_t>(dst, src, count);
+    case DataType::kUInt8: return reduceAs<Op, uint8_t>(dst, src, count);
+    case DataType::kInt16: return reduceAs<Op, int16_t>(dst, src, count);
+    case DataType::kInt32: return reduceAs<Op, int32_t>(dst, src, count);
+    case DataType::kInt64: return reduceAs<Op, int64_t>(dst, src, count);
+    default: throw InternalError(strCat("reduce: unexpected dtype ", dtypeName(dtype)));
   }
 }
 
 template <typename Op>
 void dispatchBitwise(void* dst, const void* src, size_t count, DataType dtype) {
   switch (dtype) {
-    case DataType::kInt8:
-      return reduceNarrowInt<Op>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count);
-    case DataType::kUInt8:
-      return reduceNarrowInt<Op>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count);
-    case DataType::kInt16:
-      return reduceNarrowInt<Op>(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count);
-    case DataType::kInt32:
-      return reduceTyped<Op>(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
-    case DataType::kInt64:
-      return reduceTyped<Op>(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
-    default:
-      throw InvalidUsageError(strCat("reduce: bitwise op on non-integer dtype ", dtypeName(dtype)));
+    case DataType::kInt8: return reduceAs<Op, int8_t>(dst, src, count);
+    case DataType::kUInt8: return reduceAs<Op, uint8_t>(dst, src, count);
+    case DataType::kInt16: return reduceAs<Op, int16_t>(dst, src, count);
+    case DataType::kInt32: return reduceAs<Op, int32_t>(dst, src, count);
+    case DataType::kInt64: return reduceAs<Op, int64_t>(dst, src, count);
+    default: throw InvalidUsageError(strCat("reduce: bitwise op on non-integer dtype ", dtypeName(dtype)));
   }
 }
 
