@@ -60,6 +60,18 @@ def _positive_int(name: str, value: Any, minimum: int) -> int:
     return number
 
 
+# The fields of Options that name one of a few choices (field, what errors call it, the choices),
+# and those that hold a size in bytes (field, smallest allowed), in the order they are checked.
+_CHOICES = (
+    ("algorithm", "algorithm", ALGORITHMS),
+    ("compression", "compression", COMPRESSIONS),
+    ("transport", "transport", TRANSPORTS),
+    ("cuda_transport", "cuda_transport", CUDA_TRANSPORTS),
+    ("debug", "debug level", DEBUG_LEVELS),
+)
+_SIZES = (("chunk_bytes", MIN_CHUNK_BYTES), ("bucket_bytes", 1), ("unexpected_bytes", MIN_CHUNK_BYTES))
+
+
 @dataclasses.dataclass
 class Options:
     """Settings for a pycomm process group; pass as ``pg_options`` to ``init_process_group``.
@@ -90,24 +102,15 @@ class Options:
         self._validate()
 
     def _validate(self) -> None:
-        if self.algorithm is not None:
-            self.algorithm = _choice("algorithm", self.algorithm, ALGORITHMS)
-        if self.compression is not None:
-            self.compression = _choice("compression", self.compression, COMPRESSIONS)
-        if self.transport is not None:
-            self.transport = _choice("transport", self.transport, TRANSPORTS)
-        if self.cuda_transport is not None:
-            self.cuda_transport = _choice("cuda_transport", self.cuda_transport, CUDA_TRANSPORTS)
-        if self.debug is not None:
-            self.debug = _choice("debug level", self.debug, DEBUG_LEVELS)
-        if self.chunk_bytes is not None:
-            self.chunk_bytes = _positive_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES)
-        if self.bucket_bytes is not None:
-            self.bucket_bytes = _positive_int("bucket_bytes", self.bucket_bytes, 1)
-        if self.unexpected_bytes is not None:
-            self.unexpected_bytes = _positive_int("unexpected_bytes", self.unexpected_bytes, MIN_CHUNK_BYTES)
-            if self.unexpected_bytes >= 1 << 63:
-                raise ValueError(f"pycomm: unexpected_bytes must be below 2**63, got {self.unexpected_bytes}")
+        # Each option that was set, normalised in place; unset ones stay None (the environment's).
+        for field, label, names in _CHOICES:
+            if getattr(self, field) is not None:
+                setattr(self, field, _choice(label, getattr(self, field), names))
+        for field, minimum in _SIZES:
+            if getattr(self, field) is not None:
+                setattr(self, field, _positive_int(field, getattr(self, field), minimum))
+        if self.unexpected_bytes is not None and self.unexpected_bytes >= 1 << 63:
+            raise ValueError(f"pycomm: unexpected_bytes must be below 2**63, got {self.unexpected_bytes}")
         if self.tcp_linger_ms is not None:
             try:
                 self.tcp_linger_ms = int(self.tcp_linger_ms)

@@ -1,13 +1,23 @@
-"""Supervising local rank processes, shared by the bench and the trainer launchers."""
+"""Where ranks come from and supervising local rank processes, shared by the bench and the
+trainer launchers (pycomm.bench and pycomm.train import this, never each other)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 # Once one rank has failed, the others get this long to report before they are stopped.
 GRACE_S = 5.0
+
+
+def under_torchrun() -> bool:
+    """torchrun (or a launcher speaking its env:// protocol) started this process as one rank.
+
+    All three variables are needed: the ranks join through env://, which reads MASTER_ADDR."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
 def wait_ranks(procs: Sequence[mp.process.BaseProcess]) -> None:
@@ -33,3 +43,12 @@ def terminate_ranks(procs: Sequence[mp.process.BaseProcess]) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join()
+
+
+def report_silent_deaths(prog: str, codes: Sequence[int | None], reported: Container[int]) -> None:
+    """One line on stderr per rank that failed without reporting why (killed, a crash inside a
+    backend): printed before the reported errors, as these ranks are usually why the others failed."""
+    for rank, code in enumerate(codes):
+        if code not in (0, None) and rank not in reported:
+            how = f"signal {-code}" if code < 0 else f"exit {code}"
+            print(f"{prog}: error: rank {rank} died ({how})", file=sys.stderr, flush=True)

@@ -2,7 +2,8 @@
 
 For an all-reduce of n bytes over p ranks each algorithm is modelled as
 ``alpha * steps(p) + beta * bytes(n, p)`` (seconds), with steps and bytes per rank from its
-schedule (the same formulas as csrc/core/algorithms/cost_model.cc). ``python -m pycomm.bench --tune``
+schedule. The model itself (steps, bytes, the choice) is the core's, csrc/core/algorithms/cost_model.cc,
+reached through pycomm._C; this module loads the table and fits it. ``python -m pycomm.bench --tune``
 measures every algorithm on this machine at a ladder of sizes. One (alpha, beta) pair per algorithm
 over the whole range mispredicts the crossovers (caches, socket buffers and chunking bend the curves),
 so the table holds one pair per algorithm per band between two measured sizes, through both
@@ -19,45 +20,23 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pycomm import _C
+
 ALGORITHMS = ("ring", "tree", "rhd")
 Model = dict[str, tuple[float, float]]  # algorithm -> (alpha seconds/step, beta seconds/byte)
 Band = tuple[int, Model]  # (largest size in bytes the band covers, -1 for no limit; its constants)
-RHD_HALVING_THRESHOLD = 64 * 1024
 DEFAULT_TABLE = Path(__file__).with_name("tuning_data") / "default.json"
 USER_TABLE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pycomm" / "tuning.json"
 
 
-def _pow2_floor(p: int) -> int:
-    q = 1
-    while q * 2 <= p:
-        q *= 2
-    return q
-
-
 def steps(algorithm: str, p: int) -> float:
-    if p <= 1:
-        return 0.0
-    q = _pow2_floor(p)
-    fold = 0 if q == p else 2
-    if algorithm == "ring":
-        return 2.0 * (p - 1)
-    if algorithm == "tree":
-        return 2.0 * math.ceil(math.log2(p))
-    return 2.0 * math.log2(q) + fold
+    """steps(p) of the model, from the core (csrc/core/algorithms/cost_model.cc)."""
+    return _C.model_steps(algorithm, p)
 
 
 def bytes_moved(algorithm: str, n: float, p: int) -> float:
-    if p <= 1:
-        return 0.0
-    q = _pow2_floor(p)
-    fold = 0.0 if q == p else 2.0 * n
-    if algorithm == "ring":
-        return 2.0 * (p - 1) / p * n
-    if algorithm == "tree":
-        return 2.0 * n
-    if n < RHD_HALVING_THRESHOLD:
-        return n * math.log2(q) + fold
-    return 2.0 * (q - 1) / q * n + fold
+    """Bytes a rank moves in an n-byte all-reduce over p ranks, from the core."""
+    return _C.model_bytes(algorithm, n, p)
 
 
 def fit(points: list[tuple[str, int, int, float]]) -> Model:
@@ -116,9 +95,8 @@ def fit_bands(points: list[tuple[str, int, int, float]]) -> list[Band]:
 
 
 def choose(bands: list[Band], nbytes: int, p: int) -> str:
-    """The algorithm auto picks for an n-byte all-reduce over p ranks (as cost_model.cc does)."""
-    model = next((m for limit, m in bands if limit < 0 or nbytes <= limit), bands[-1][1])
-    return min(model, key=lambda a: model[a][0] * steps(a, p) + model[a][1] * bytes_moved(a, nbytes, p))
+    """The algorithm auto picks for an n-byte all-reduce over p ranks: the core's own choice."""
+    return _C.choose_allreduce(bands, nbytes, p)
 
 
 def table_path() -> Path:

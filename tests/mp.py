@@ -1,9 +1,10 @@
 """Run a function on N freshly spawned ranks of a torch.distributed process group.
 
-Every multi-process test goes through :func:`run_ranks`. It owns the whole life
-cycle of the children (spawn, rendezvous, teardown, reaping) and enforces a
-hang timeout itself, because pytest-timeout is not available and a collective
-backend under test is exactly the kind of code that deadlocks.
+Every multi-process test goes through :func:`run_ranks`, or through cluster.Cluster when the test
+must act on running ranks (kill one, talk to its port, read its stderr); both start, time out and
+reap ranks with the helpers here. run_ranks owns the whole life cycle of the children (spawn,
+rendezvous, teardown, reaping) and enforces a hang timeout itself, because pytest-timeout is not
+available and a collective backend under test is exactly the kind of code that deadlocks.
 """
 
 from __future__ import annotations
@@ -45,9 +46,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables every rank runs with: one intra-op thread (ranks share 2 cores on CI)."""
+    return {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(extra or {})}
+
+
 @contextlib.contextmanager
-def _patched_environ(values: dict[str, str]) -> Iterator[None]:
-    """Set env vars only while children are started: spawn copies os.environ at start."""
+def patched_environ(values: dict[str, str]) -> Iterator[None]:
+    """Set env vars only while children are started: spawn copies os.environ at start (and some,
+    e.g. TORCH_DISTRIBUTED_DEBUG, are read when the child imports torch, before its main runs)."""
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -73,9 +80,7 @@ def _child_main(
     conn: Connection,
     env: dict[str, str],
 ) -> None:
-    # SIGUSR1 from the parent (on hang) dumps every thread's Python stack to
-    # stderr, which pytest captures and shows next to the failure.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    install_stack_dump()
     # Set here too: a forkserver child inherits the server's environment, not ours.
     os.environ.update(env)
     ok = False
@@ -115,6 +120,12 @@ def _child_main(
             os._exit(0 if ok else 1)
 
 
+def install_stack_dump() -> None:
+    """In a rank: SIGUSR1 from the test (on hang) dumps every thread's Python stack to stderr,
+    which pytest captures (or the rank's log holds) and shows next to the failure."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def _context() -> multiprocessing.context.BaseContext:
     """ "forkserver" (default): ranks are forked from one server process that has
     imported torch once (preloaded) and started no threads, which removes the
@@ -139,20 +150,58 @@ def _init_method(init: str, port: int, tmpdir: str) -> tuple[str, dict[str, str]
     raise ValueError(f"init must be 'env', 'tcp' or 'file', not {init!r}")
 
 
-def _kill_all(procs: Sequence[BaseProcess], dump_stacks: Sequence[int]) -> None:
-    for rank in dump_stacks:
-        proc = procs[rank]
-        if proc.is_alive() and proc.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGUSR1)
-    if dump_stacks:
+def dump_stacks(procs: Sequence[BaseProcess], ranks: Sequence[int]) -> None:
+    """Ask the live ones of ``ranks`` for their Python stacks (install_stack_dump) and give them
+    a second to write them; a stopped rank is continued first, or it could not answer."""
+    live = [pid for rank in ranks if procs[rank].is_alive() and (pid := procs[rank].pid) is not None]
+    for pid in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGUSR1)
+    if live:
         time.sleep(1.0)  # let faulthandler write the stacks
+
+
+def kill_all(procs: Sequence[BaseProcess]) -> None:
+    """SIGKILL every live rank (continued first, in case a test stopped it) and reap it."""
     for proc in procs:
         if proc.is_alive() and proc.pid is not None:
             with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
                 os.kill(proc.pid, signal.SIGKILL)
     for proc in procs:
         proc.join(timeout=10)
+
+
+def start_ranks(
+    ctx: multiprocessing.context.BaseContext,
+    world_size: int,
+    env: dict[str, str],
+    target: Callable[..., None],
+    args_of: Callable[[int, Connection], tuple[Any, ...]],
+    *,
+    duplex: bool,
+) -> tuple[list[BaseProcess], list[Connection]]:
+    """Start ``world_size`` daemon ranks ``target(*args_of(rank, child_end))`` with ``env`` set while
+    they start, each with a pipe whose other end the test keeps (the reading end when not duplex).
+    If a start fails, the ranks already started are killed."""
+    procs: list[BaseProcess] = []
+    conns: list[Connection] = []
+    try:
+        with patched_environ(env):
+            for rank in range(world_size):
+                test_end, child_end = ctx.Pipe(duplex=duplex)  # (reader, writer) when not duplex
+                proc = ctx.Process(target=target, name=f"rank{rank}", args=args_of(rank, child_end), daemon=True)
+                proc.start()
+                child_end.close()
+                procs.append(proc)
+                conns.append(test_end)
+    except BaseException:
+        kill_all(procs)
+        for conn in conns:
+            conn.close()
+        raise
+    return procs, conns
 
 
 def run_ranks(
@@ -166,6 +215,7 @@ def run_ranks(
     args: Sequence[Any] = (),
     pg_timeout_s: float | None = None,
     destroy: bool = True,
+    env: dict[str, str] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks.
 
@@ -174,51 +224,33 @@ def run_ranks(
     died, or did not finish within ``timeout_s`` (hung ranks are SIGKILLed after
     their stacks are dumped to stderr). ``fn`` must be a module-level function.
     ``destroy=False`` skips destroy_process_group (for tests that leave the group
-    unusable on purpose).
+    unusable on purpose). ``env`` is set in every rank before it imports pycomm, whatever the
+    start method (a forkserver child inherits the server's environment, not the test's).
     """
     __tracebackhide__ = True  # pytest: show the rank report, not launcher internals
     ctx = _context()
     port = free_port()
     tmpdir = tempfile.mkdtemp(prefix="pycomm-test-")
     init_method, rendezvous_env = _init_method(init, port, tmpdir)
-    child_env = {
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        # Keep gloo (reference backend) on loopback whatever the hostname resolves to.
-        "GLOO_SOCKET_IFNAME": "lo",
-        **rendezvous_env,
-    }
+    # Keep gloo (reference backend) on loopback whatever the hostname resolves to.
+    child_env = rank_environment({"GLOO_SOCKET_IFNAME": "lo", **rendezvous_env, **(env or {})})
     procs: list[BaseProcess] = []
     conns: list[Connection] = []
     try:
-        with _patched_environ(child_env):
-            for rank in range(world_size):
-                reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(
-                    target=_child_main,
-                    name=f"rank{rank}",
-                    args=(
-                        rank,
-                        world_size,
-                        backend,
-                        init_method,
-                        pg_options,
-                        pg_timeout_s,
-                        destroy,
-                        fn,
-                        tuple(args),
-                        writer,
-                        child_env,
-                    ),
-                    daemon=True,
-                )
-                proc.start()
-                writer.close()
-                procs.append(proc)
-                conns.append(reader)
+        procs, conns = start_ranks(
+            ctx,
+            world_size,
+            child_env,
+            _child_main,
+            lambda rank, writer: (
+                rank, world_size, backend, init_method, pg_options, pg_timeout_s, destroy, fn, tuple(args), writer,
+                child_env,
+            ),
+            duplex=False,
+        )
         return _collect(procs, conns, timeout_s)
     finally:
-        _kill_all(procs, dump_stacks=())
+        kill_all(procs)
         for conn in conns:
             conn.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -270,7 +302,8 @@ def _collect(
     hung = sorted(pending)
     if hung:
         elapsed = time.monotonic() - start
-        _kill_all(procs, dump_stacks=hung)
+        dump_stacks(procs, hung)
+        kill_all(procs)
         for rank in hung:
             problems[rank] = (
                 f"hung: no result after {elapsed:.1f}s (timeout {timeout_s}s); killed. "

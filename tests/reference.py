@@ -89,42 +89,31 @@ def input_for(
     return make_input(seed, rank, shape, dtype, full_range=op not in ARITHMETIC_OPS)
 
 
+# The reductions that read the same for floats and integers, over the stacked inputs (dim 0).
+_ORDER_REDUCTIONS = {"product": lambda s: s.prod(0), "min": lambda s: s.amin(0), "max": lambda s: s.amax(0)}
+_BITWISE = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+
+
 def reference_reduce(inputs: Sequence[torch.Tensor], op: str) -> torch.Tensor:
     """Reduce the per-rank inputs; float64 for floating dtypes, int64 otherwise."""
     dtype = inputs[0].dtype
     world = len(inputs)
-    if dtype.is_floating_point:
-        s = torch.stack([x.to(torch.float64) for x in inputs])
+    floating = dtype.is_floating_point
+    s = torch.stack([x.to(torch.float64 if floating else torch.int64) for x in inputs])
+    if op in _ORDER_REDUCTIONS:
+        return _ORDER_REDUCTIONS[op](s)
+    if floating:
         if op == "sum":
             return s.sum(0)
         if op == "avg":
             return s.sum(0) / world
         if op == "premul_sum":
             return s.sum(0) * PREMUL_FACTOR
-        if op == "product":
-            return s.prod(0)
-        if op == "min":
-            return s.amin(0)
-        if op == "max":
-            return s.amax(0)
-        raise ValueError(f"op {op!r} is not defined for {dtype}")
-    s = torch.stack([x.to(torch.int64) for x in inputs])
-    if op == "sum":
+    elif op == "sum":
         # bool SUM is logical OR (torch/NCCL convention); ints are small, no overflow.
         return (s.sum(0) != 0).long() if dtype == torch.bool else s.sum(0)
-    if op == "product":
-        return s.prod(0)
-    if op == "min":
-        return s.amin(0)
-    if op == "max":
-        return s.amax(0)
-    bitwise = {
-        "band": torch.bitwise_and,
-        "bor": torch.bitwise_or,
-        "bxor": torch.bitwise_xor,
-    }
-    if op in bitwise:
-        return functools.reduce(bitwise[op], s.unbind(0))
+    elif op in _BITWISE:
+        return functools.reduce(_BITWISE[op], s.unbind(0))
     raise ValueError(f"op {op!r} is not defined for {dtype}")
 
 

@@ -89,9 +89,7 @@ def _flat0(t: torch.Tensor, world: int) -> torch.Tensor:
     return t.reshape(world * t.shape[1], *t.shape[2:])
 
 
-def _future_equals(
-    f: Failures, label: str, work: object, expected: Sequence[torch.Tensor]
-) -> None:
+def _future_equals(f: Failures, label: str, work: object, expected: Sequence[torch.Tensor]) -> None:
     """The future's tensors must be exactly ``expected`` (same count, same bits)."""
     tensors = future_tensors(work)
     if len(tensors) != len(expected):
@@ -101,9 +99,7 @@ def _future_equals(
         f.check(f"{label} future[{k}]", check_equal(got, want))
 
 
-def _future_reduces(
-    f: Failures, label: str, work: object, inputs: Sequence[torch.Tensor], op: str
-) -> None:
+def _future_reduces(f: Failures, label: str, work: object, inputs: Sequence[torch.Tensor], op: str) -> None:
     """The future must hold one tensor: the ``op``-reduction of ``inputs``."""
     tensors = future_tensors(work)
     if len(tensors) != 1:
@@ -112,9 +108,19 @@ def _future_reduces(
     f.check(label + " future", check_reduced(tensors[0], inputs, op))
 
 
-def _check_future_concat(
-    f: Failures, label: str, work: object, expected: torch.Tensor
+def _finish_reduction(
+    f: Failures, label: str, work: Any, out: torch.Tensor, inputs: Sequence[torch.Tensor], op: str, check_future: bool
 ) -> None:
+    """Wait for ``work`` (None: the op ran synchronously), check its future where the backend
+    fills one, then ``out``: the ``op``-reduction of ``inputs``."""
+    if work is not None:
+        work.wait()
+    if check_future:
+        _future_reduces(f, label, work, inputs, op)
+    f.check(label, check_reduced(out, inputs, op))
+
+
+def _check_future_concat(f: Failures, label: str, work: object, expected: torch.Tensor) -> None:
     """For ops with one output tensor, accept [output] or a list of its pieces (gloo's
     choice for all_gather_into_tensor): the concatenated values must match."""
     tensors = future_tensors(work)
@@ -126,9 +132,7 @@ def _check_future_concat(
     f.check(label + " future", check_equal(got, expected.reshape(-1)))
 
 
-def sweep_all_reduce(
-    f: Failures, rank: int, world: int, backend: str, g: GroupOps
-) -> None:
+def sweep_all_reduce(f: Failures, rank: int, world: int, backend: str, g: GroupOps) -> None:
     for seed, dtype, shape, op in reduction_cases(backend):
         label = f"all_reduce {dtype_feature(dtype)} shape={shape} op={op}"
         inputs = [input_for(seed, r, shape, dtype, op) for r in range(world)]
@@ -143,9 +147,7 @@ def sweep_all_reduce(
     _all_reduce_noncontiguous(f, rank, world, backend, g)
 
 
-def _all_reduce_noncontiguous(
-    f: Failures, rank: int, world: int, backend: str, g: GroupOps
-) -> None:
+def _all_reduce_noncontiguous(f: Failures, rank: int, world: int, backend: str, g: GroupOps) -> None:
     """In-place all_reduce on views: the view (hence its base) must be updated, nothing else."""
     for k, (dtype, op) in enumerate(
         ((torch.float32, "sum"), (torch.int64, "bxor"), (torch.bfloat16, "max"))
@@ -227,9 +229,7 @@ def sweep_reduce(f: Failures, rank: int, world: int, backend: str, g: GroupOps) 
                 )
 
 
-def sweep_broadcast(
-    f: Failures, rank: int, world: int, backend: str, g: GroupOps
-) -> None:
+def sweep_broadcast(f: Failures, rank: int, world: int, backend: str, g: GroupOps) -> None:
     for seed, dtype, shape in movement_cases(backend):
         root = seed % world
         label = f"broadcast {dtype_feature(dtype)} shape={shape} src={root}"
@@ -270,9 +270,7 @@ def sweep_broadcast(
             )
 
 
-def sweep_all_gather(
-    f: Failures, rank: int, world: int, backend: str, g: GroupOps
-) -> None:
+def sweep_all_gather(f: Failures, rank: int, world: int, backend: str, g: GroupOps) -> None:
     """all_gather (list), all_gather_into_tensor (flat and stacked output) and gather."""
     for seed, dtype, shape in movement_cases(backend):
         name = dtype_feature(dtype)
@@ -342,9 +340,7 @@ def sweep_all_gather(
             )
 
 
-def sweep_scatter(
-    f: Failures, rank: int, world: int, backend: str, g: GroupOps
-) -> None:
+def sweep_scatter(f: Failures, rank: int, world: int, backend: str, g: GroupOps) -> None:
     for seed, dtype, shape in movement_cases(backend):
         src = seed % world
         label = f"scatter {dtype_feature(dtype)} shape={shape} src={src}"
@@ -365,16 +361,12 @@ def sweep_scatter(
             f.check(label, check_equal(out, chunks[rank]))
 
 
-def sweep_reduce_scatter(
-    f: Failures, rank: int, world: int, backend: str, g: GroupOps
-) -> None:
+def sweep_reduce_scatter(f: Failures, rank: int, world: int, backend: str, g: GroupOps) -> None:
     """reduce_scatter (list input) and reduce_scatter_tensor (flat and stacked input)."""
     for seed, dtype, shape, op in reduction_cases(backend):
         name = dtype_feature(dtype)
         fulls = [input_for(seed, r, (world, *shape), dtype, op) for r in range(world)]
-        mine = [
-            fulls[r][rank] for r in range(world)
-        ]  # what reduces into this rank's output
+        mine = [fulls[r][rank] for r in range(world)]  # what reduces into this rank's output
         async_op = seed % 2 == 1
         check_future = async_op and not gloo_gap(backend, "reduce_scatter_future")
 
@@ -387,11 +379,7 @@ def sweep_reduce_scatter(
                 op=reduce_op(op),
                 async_op=async_op,
             )
-            if async_op:
-                work.wait()
-            if check_future:
-                _future_reduces(f, label, work, mine, op)
-            f.check(label, check_reduced(out, mine, op))
+            _finish_reduction(f, label, work if async_op else None, out, mine, op, check_future)
 
         stacked = seed % 4 < 2 and not gloo_gap(backend, "into_tensor_stacked")
         label = f"reduce_scatter_tensor {name} shape={shape} op={op} {'stacked' if stacked else 'flat'}"
@@ -404,11 +392,7 @@ def sweep_reduce_scatter(
                 op=reduce_op(op),
                 async_op=async_op,
             )
-            if async_op:
-                work.wait()
-            if check_future:
-                _future_reduces(f, label, work, mine, op)
-            f.check(label, check_reduced(out, mine, op))
+            _finish_reduction(f, label, work if async_op else None, out, mine, op, check_future)
 
 
 def _split(src: int, dst: int, salt: int) -> int:
@@ -416,17 +400,13 @@ def _split(src: int, dst: int, salt: int) -> int:
     return (3 * src + 5 * dst + salt) % 7
 
 
-def _segments(
-    seed: int, src: int, world: int, dtype: torch.dtype
-) -> list[torch.Tensor]:
+def _segments(seed: int, src: int, world: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """What rank ``src`` sends to each rank in the uneven all_to_all case."""
     sizes = [_split(src, dst, seed) for dst in range(world)]
     return list(input_for(seed, src, (sum(sizes),), dtype, None).split(sizes))
 
 
-def sweep_all_to_all(
-    f: Failures, rank: int, world: int, backend: str, g: GroupOps
-) -> None:
+def sweep_all_to_all(f: Failures, rank: int, world: int, backend: str, g: GroupOps) -> None:
     """all_to_all_single (equal and uneven splits, and in place) and all_to_all (lists)."""
     for seed, dtype, shape in movement_cases(backend):
         name = dtype_feature(dtype)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runs import run_python, source_root
 from support import import_pycomm_or_skip
 
 _pycomm = import_pycomm_or_skip("python -m pycomm.bench")
@@ -30,7 +29,7 @@ from pycomm.bench.descriptors_names import OP_NAMES
 # Run the CLI from the tree pytest imported pycomm from (a source checkout
 # or an install), whatever the current directory is.
 assert _pycomm.__file__ is not None, "pycomm must be a regular package (with __init__.py)"
-SOURCE_ROOT = Path(os.path.abspath(_pycomm.__file__)).parents[1]
+SOURCE_ROOT = source_root(_pycomm)
 TIMEOUT_S = 240  # per CLI run; generous for a loaded 2-core CI machine
 
 COLUMNS = ["size", "count", "type", "op", "backend", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wrong", "ratio"]
@@ -75,17 +74,7 @@ BACKEND_CASES = [
 
 
 def run_bench(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "pycomm.bench", *args],
-        cwd=SOURCE_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_python(SOURCE_ROOT, ["-m", "pycomm.bench", *args], timeout_s=timeout)
 
 
 def header_and_rows(stdout: str) -> tuple[list[str], list[list[str]]]:

@@ -8,6 +8,7 @@ against values computed here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -135,14 +136,12 @@ def _value_after_wait_worker(rank: int, world: int) -> int:
     return wrong
 
 
+def _run_on_two_ranks(worker: Callable[[int, int], Any]) -> list[Any]:
+    return run_ranks(worker, 2, backend="pycomm", timeout_s=TIMEOUT_S, pg_timeout_s=PG_TIMEOUT_S)
+
+
 def test_future_value_right_after_wait(pycomm: ModuleType) -> None:
-    results = run_ranks(
-        _value_after_wait_worker,
-        2,
-        backend="pycomm",
-        timeout_s=TIMEOUT_S,
-        pg_timeout_s=PG_TIMEOUT_S,
-    )
+    results = _run_on_two_ranks(_value_after_wait_worker)
     assert results == [0, 0], f"wrong values per rank: {results}"
 
 
@@ -159,11 +158,5 @@ def _autograd_in_callback_worker(rank: int, world: int) -> list[bool]:
 
 def test_callbacks_run_with_autograd(pycomm: ModuleType) -> None:
     # The op's own writes bypass autograd; the user's callbacks must not.
-    results = run_ranks(
-        _autograd_in_callback_worker,
-        2,
-        backend="pycomm",
-        timeout_s=TIMEOUT_S,
-        pg_timeout_s=PG_TIMEOUT_S,
-    )
+    results = _run_on_two_ranks(_autograd_in_callback_worker)
     assert results == [[True, True], [True, True]], results

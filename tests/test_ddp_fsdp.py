@@ -7,6 +7,8 @@ which is the backend-independent reference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from mp import run_ranks
@@ -91,17 +93,25 @@ def _assert_close(
     assert not bad, f"{what}: parameters differ by more than {tol}: {bad}"
 
 
-def test_ddp_training(backend: str) -> None:
-    results = run_ranks(_ddp_worker, WORLD, backend=backend, timeout_s=TIMEOUT_S)
-    # DDP keeps replicas identical: any difference between ranks is a backend bug.
+Params = dict[str, torch.Tensor]  # parameter name -> value after training
+
+
+def _check_training(
+    worker: Callable[[int, int], Params], reference: Callable[[], Params], backend: str, gloo_tol: float
+) -> None:
+    results = run_ranks(worker, WORLD, backend=backend, timeout_s=TIMEOUT_S)
+    # Replicas (DDP) and the gathered shards (FSDP) stay identical: any difference between ranks
+    # is a backend bug.
     _assert_close(results[0], results[1], 0.0, f"{backend} rank 0 vs rank 1")
     # The math check, independent of any backend (summation order differs: loose tol).
-    _assert_close(
-        results[0], _ddp_reference(), 1e-5, f"{backend} vs single-process reference"
-    )
+    _assert_close(results[0], reference(), 1e-5, f"{backend} vs single-process reference")
     if backend != "gloo":
-        gloo = run_ranks(_ddp_worker, WORLD, backend="gloo", timeout_s=TIMEOUT_S)
-        _assert_close(results[0], gloo[0], 1e-6, f"{backend} vs gloo")
+        gloo = run_ranks(worker, WORLD, backend="gloo", timeout_s=TIMEOUT_S)
+        _assert_close(results[0], gloo[0], gloo_tol, f"{backend} vs gloo")
+
+
+def test_ddp_training(backend: str) -> None:
+    _check_training(_ddp_worker, _ddp_reference, backend, gloo_tol=1e-6)
 
 
 # ---------------------------------------------------------------- DDP + PowerSGD
@@ -194,14 +204,7 @@ def _fsdp_reference() -> dict[str, torch.Tensor]:
 
 
 def test_fsdp2_training(backend: str) -> None:
-    results = run_ranks(_fsdp_worker, WORLD, backend=backend, timeout_s=TIMEOUT_S)
-    _assert_close(results[0], results[1], 0.0, f"{backend} rank 0 vs rank 1")
-    _assert_close(
-        results[0], _fsdp_reference(), 1e-5, f"{backend} vs single-process reference"
-    )
-    if backend != "gloo":
-        gloo = run_ranks(_fsdp_worker, WORLD, backend="gloo", timeout_s=TIMEOUT_S)
-        _assert_close(results[0], gloo[0], 1e-5, f"{backend} vs gloo")
+    _check_training(_fsdp_worker, _fsdp_reference, backend, gloo_tol=1e-5)
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ that the order of events is the one the case describes.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
@@ -66,18 +67,16 @@ def _overflowing_splits_worker(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+def _run_on_three_ranks(worker: Callable[[int, int], Any], options: Any) -> list[Any]:
+    """The run both input-check cases make: 3 ranks, this file's group timeout, a 120 s hang limit."""
+    return run_ranks(worker, 3, backend="pycomm", timeout_s=120, pg_timeout_s=PG_TIMEOUT_S, pg_options=options)
+
+
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_overflowing_split_sizes_raise_value_error_and_peers_hear_of_it(
     pycomm: ModuleType, transport: str
 ) -> None:
-    results = run_ranks(
-        _overflowing_splits_worker,
-        3,
-        backend="pycomm",
-        timeout_s=120,
-        pg_timeout_s=PG_TIMEOUT_S,
-        pg_options=pycomm.Options(transport=transport),
-    )
+    results = _run_on_three_ranks(_overflowing_splits_worker, pycomm.Options(transport=transport))
     problems = []
     bad = results[0]["bad"]
     if bad["error"] != "ValueError" or "rank 0" not in bad["message"] or str(2**63 - 1) not in bad["message"]:
@@ -115,14 +114,7 @@ def _core_check_worker(rank: int, world: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_core_input_check_fails_the_op_on_every_rank(pycomm: ModuleType, transport: str) -> None:
-    results = run_ranks(
-        _core_check_worker,
-        3,
-        backend="pycomm",
-        timeout_s=120,
-        pg_timeout_s=PG_TIMEOUT_S,
-        pg_options=pycomm.Options(transport=transport),
-    )
+    results = _run_on_three_ranks(_core_check_worker, pycomm.Options(transport=transport))
     problems = []
     for rank, res in enumerate(results):
         if res["bad"]["error"] is None or res["bad"]["elapsed"] > PROMPT_S or "itself" not in res["bad"]["message"]:

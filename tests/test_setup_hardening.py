@@ -8,8 +8,7 @@ token and is refused by the connecting rank. (4) The bytes of a real handshake, 
 two ranks, neither carry the token nor work when replayed, and a rank already connected cannot be
 displaced.
 
-The ranks are run by test_reliability's ``_Cluster`` (spawned ranks, a pipe to each, a hang
-deadline). Figures are printed with the ``[reliability]`` prefix (``-s``); docs/RELIABILITY-setup.md
+The ranks are run by cluster.Cluster (spawned ranks, a pipe to each, a hang deadline). Figures are printed with the ``[reliability]`` prefix (``-s``); docs/RELIABILITY-setup.md
 quotes them.
 """
 
@@ -29,19 +28,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from test_reliability import (
-    _CHALLENGE,
-    _HELLO_MAGIC,
-    _HELLO_VERSION,
-    _Cluster,
-    _Control,
-    _await_close,
-    _converse,
-    _dropped_lines,
-    _formed_worker,
-    _hello_for,
-    _report,
-)
+from cluster import Cluster, Control, report
+from strangers import CHALLENGE, HELLO_MAGIC, HELLO_VERSION, await_close, converse, dropped_lines, formed_worker, hello_for
 
 FLOOD = 80  # silent connections held open against rank 0
 SPARE_FDS = 30  # rank 0's descriptor headroom during setup
@@ -71,7 +59,7 @@ def _hold_backend(ranks: tuple[int, ...]) -> Callable[[int], None]:
     return install
 
 
-def _release(c: _Cluster, rank: int) -> None:
+def _release(c: Cluster, rank: int) -> None:
     """Lets a rank held by _hold_backend create its backend."""
     prefix = c.store_key("pycomm/addr/0", timeout=60)[: -len("pycomm/addr/0")]
     c.store().set(f"{prefix}{_GO_KEY}{rank}", b"1")
@@ -176,8 +164,8 @@ def _summarised(lines: list[str]) -> int:
 
 
 def test_group_forms_under_a_flood_with_few_file_descriptors(pycomm: ModuleType) -> None:
-    with _Cluster(
-        _formed_worker, 2, pg_timeout_s=30, hang_timeout_s=120, before_init=_squeeze_rank0_hold_rank1
+    with Cluster(
+        formed_worker, 2, pg_timeout_s=30, hang_timeout_s=120, before_init=_squeeze_rank0_hold_rank1
     ) as c:
         address = c.pycomm_address(0, timeout=60)  # rank 0 is accepting; rank 1 is held
         pid0 = c.pid(0)
@@ -198,7 +186,7 @@ def test_group_forms_under_a_flood_with_few_file_descriptors(pycomm: ModuleType)
         log0 = c.stderr(0)
 
     lines = [line for line in log0.splitlines() if "dropped connection" in line]
-    _report(
+    report(
         f"flood during setup ({FLOOD} held, {SPARE_FDS} spare fds on rank 0): the group formed "
         f"{formed_at - released_at:.2f} s after rank 1 was released, {wait_s:.2f} s after the flood "
         f"began; rank 0 used {cpu:.2f} s CPU ({100 * cpu / wait_s:.0f}% "
@@ -223,7 +211,7 @@ def _lowest_free_fd() -> int:
     return fd
 
 
-def _squeezed_loop_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any]:
+def _squeezed_loop_worker(rank: int, world: int, ctl: Control) -> dict[str, Any]:
     def checked_allreduce(step: int) -> bool:
         t = torch.full((50_000,), float(rank + step))
         dist.all_reduce(t)
@@ -258,7 +246,7 @@ def _squeezed_loop_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any
 
 
 def test_event_loop_does_not_spin_when_out_of_file_descriptors(pycomm: ModuleType) -> None:
-    with _Cluster(_squeezed_loop_worker, 2, pg_timeout_s=30, hang_timeout_s=90) as c:
+    with Cluster(_squeezed_loop_worker, 2, pg_timeout_s=30, hang_timeout_s=90) as c:
         for rank in range(2):
             c.wait_event(rank, "ready", timeout=60)
         address = c.pycomm_address(0)
@@ -267,7 +255,7 @@ def test_event_loop_does_not_spin_when_out_of_file_descriptors(pycomm: ModuleTyp
         socks = [socket.create_connection(address, timeout=5) for _ in range(20)]
         c.send(0, "measure")
         c.wait_event(0, "measured", timeout=30)
-        outcomes = [_await_close(s, 2.0) for s in socks]
+        outcomes = [await_close(s, 2.0) for s in socks]
         for s in socks:
             s.close()
         for rank in range(2):
@@ -276,9 +264,9 @@ def test_event_loop_does_not_spin_when_out_of_file_descriptors(pycomm: ModuleTyp
         log0 = c.stderr(0)
 
     cpu = results[0]["cpu_fraction"]
-    _report(
+    report(
         f"after setup, out of descriptors, 20 strangers: rank 0 used {100 * cpu:.0f}% of a core over "
-        f"2 s; outcomes {sorted(set(outcomes))}; {len(_dropped_lines(log0))} 'dropped connection' lines"
+        f"2 s; outcomes {sorted(set(outcomes))}; {len(dropped_lines(log0))} 'dropped connection' lines"
     )
     assert all(r["ok"] for r in results), results
     assert cpu < CPU_BOUND, f"rank 0's event loop used {100 * cpu:.0f}% of a core with no spare fd"
@@ -289,7 +277,7 @@ def test_event_loop_does_not_spin_when_out_of_file_descriptors(pycomm: ModuleTyp
 # (3) A squatter on the published address.
 
 
-def _init_only_worker(rank: int, world: int, ctl: _Control) -> str:
+def _init_only_worker(rank: int, world: int, ctl: Control) -> str:
     return "formed"
 
 
@@ -326,9 +314,9 @@ class _Squatter:
             if self.received:  # the connector spoke first: the old protocol
                 conn.sendall((0).to_bytes(4, "little"))
             else:
-                conn.sendall(_CHALLENGE.pack(_HELLO_MAGIC, _HELLO_VERSION, os.urandom(16)))
+                conn.sendall(CHALLENGE.pack(HELLO_MAGIC, HELLO_VERSION, os.urandom(16)))
                 self._read_for(conn, 1.0)
-                fake = _HELLO_MAGIC.to_bytes(4, "little") + _HELLO_VERSION.to_bytes(4, "little")
+                fake = HELLO_MAGIC.to_bytes(4, "little") + HELLO_VERSION.to_bytes(4, "little")
                 conn.sendall(fake + (0).to_bytes(4, "little") + os.urandom(32))
             self._read_for(conn, 3.0)
 
@@ -343,13 +331,13 @@ def _error_line(traceback_text: Any) -> str:
     return lines[-1].strip() if lines else str(traceback_text).strip()[-300:]
 
 
-def _result_message(c: _Cluster, rank: int, timeout: float) -> tuple[str, Any]:
+def _result_message(c: Cluster, rank: int, timeout: float) -> tuple[str, Any]:
     message = c._wait_for(rank, lambda m: m[0] == "result", "result", timeout)
     return message[1], message[2]
 
 
 def test_a_squatter_gets_no_token_and_is_refused(pycomm: ModuleType) -> None:
-    with _Cluster(
+    with Cluster(
         _init_only_worker, 2, pg_timeout_s=8, hang_timeout_s=90, before_init=_hold_rank1
     ) as c:
         key = c.store_key("pycomm/addr/0", timeout=60)
@@ -363,7 +351,7 @@ def test_a_squatter_gets_no_token_and_is_refused(pycomm: ModuleType) -> None:
             squatter.close()
         status0, value0 = _result_message(c, 0, timeout=40)
 
-    _report(
+    report(
         f"squatter: received {len(squatter.received)} bytes; rank 1 {status1}: {_error_line(value1)[:300]}"
     )
     problems = []
@@ -437,7 +425,7 @@ class _Proxy:
             t.join(timeout=5)
 
 
-def _sum_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any]:
+def _sum_worker(rank: int, world: int, ctl: Control) -> dict[str, Any]:
     t = torch.arange(1000, dtype=torch.int64) * (rank + 1)
     dist.all_reduce(t)
     ok = torch.equal(t, torch.arange(1000, dtype=torch.int64) * sum(range(1, world + 1)))
@@ -447,7 +435,7 @@ def _sum_worker(rank: int, world: int, ctl: _Control) -> dict[str, Any]:
 
 
 def test_a_captured_handshake_gives_no_way_in(pycomm: ModuleType) -> None:
-    with _Cluster(_sum_worker, 3, pg_timeout_s=30, hang_timeout_s=120, before_init=_hold_ranks_1_and_2) as c:
+    with Cluster(_sum_worker, 3, pg_timeout_s=30, hang_timeout_s=120, before_init=_hold_ranks_1_and_2) as c:
         key = c.store_key("pycomm/addr/0", timeout=60)
         address0 = c.pycomm_address(0)
         token = c.store().get(c.store_key("pycomm/token"))
@@ -469,10 +457,10 @@ def test_a_captured_handshake_gives_no_way_in(pycomm: ModuleType) -> None:
 
             # Replay what rank 1 sent, on a connection of our own.
             with socket.create_connection(address0, timeout=5) as s:
-                replay = _converse(s, captured)
+                replay = converse(s, captured)
             # A store reader (who has the token) claiming the rank that is already connected.
             with socket.create_connection(address0, timeout=5) as s:
-                displace = _converse(s, lambda nonce: _hello_for(token, nonce, 1, 0))
+                displace = converse(s, lambda nonce: hello_for(token, nonce, 1, 0))
             _release(c, 2)  # only now: rank 0 was accepting all along
             for rank in range(3):
                 c.wait_event(rank, "formed", timeout=60)
@@ -483,8 +471,8 @@ def test_a_captured_handshake_gives_no_way_in(pycomm: ModuleType) -> None:
             proxy.close()
         log0 = c.stderr(0)
 
-    dropped = _dropped_lines(log0)
-    _report(
+    dropped = dropped_lines(log0)
+    report(
         f"captured handshake: {len(captured)} bytes from rank 1; replay {replay}, displacement "
         f"{displace}; rank 0 warnings: " + " | ".join(line[line.find("dropped"):][:120] for line in dropped)
     )

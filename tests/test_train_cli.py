@@ -13,21 +13,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from cli_runs import run_python, source_root, train_to_json
 from support import import_pycomm_or_skip
 
 _pycomm = import_pycomm_or_skip("python -m pycomm.train")
 
-# Run the CLI from the tree pytest imported pycomm from, whatever the cwd.
-SOURCE_ROOT = Path(os.path.abspath(str(_pycomm.__file__))).parents[1]
+SOURCE_ROOT = source_root(_pycomm)
 TIMEOUT_S = 180  # per run; generous for a loaded 2-core CI machine (a 30-step run takes ~20 s)
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -41,29 +39,12 @@ def have_pycomm_hooks() -> bool:
 
 def run_cli(*args: str, launcher: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
     """``python [launcher...] -m pycomm.train args...``; launcher is e.g. torchrun's module and flags."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(name, None)  # spawn or launch ranks ourselves even if pytest runs under a launcher
-    return subprocess.run(
-        [sys.executable, *launcher, "-m", "pycomm.train", *args],
-        check=False,
-        cwd=SOURCE_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    return run_python(SOURCE_ROOT, [*launcher, "-m", "pycomm.train", *args], timeout_s=TIMEOUT_S)
 
 
 def train(tmp: Path, name: str, *args: str) -> dict[str, Any]:
     """Run the trainer to completion and return its JSON log."""
-    log = tmp / f"{name}.json"
-    proc = run_cli("--json", str(log), *args)
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    document: dict[str, Any] = json.loads(log.read_text())
-    document["_stdout"] = proc.stdout
-    return document
+    return train_to_json(SOURCE_ROOT, tmp / f"{name}.json", args, timeout_s=TIMEOUT_S)
 
 
 def first_line_of_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -102,17 +83,7 @@ def short_runs(workdir: Path) -> list[dict[str, Any]]:
 def test_import_pycomm_in_a_fresh_interpreter() -> None:
     # Everything below runs `python -m pycomm.train`, which imports pycomm
     # before anything else; this names that cause once instead of in every test.
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(
-        [sys.executable, "-c", "import pycomm"],
-        check=False,
-        cwd=SOURCE_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    proc = run_python(SOURCE_ROOT, ["-c", "import pycomm"], timeout_s=TIMEOUT_S)
     assert proc.returncode == 0, f"`python -c 'import pycomm'` fails:\n{proc.stderr}"
 
 

@@ -13,47 +13,24 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runs import assert_exit_0, run_python, source_root, train_to_json
 from support import import_pycomm_or_skip
 
 _pycomm = import_pycomm_or_skip("python -m pycomm.train")
 
-SOURCE_ROOT = Path(os.path.abspath(str(_pycomm.__file__))).parents[1]
+SOURCE_ROOT = source_root(_pycomm)
 TIMEOUT_S = 150  # per run; a 2-step large-model run takes ~15 s on 2 idle cores
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 STEPS = 2
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(name, None)
-    env.update(extra)
-    return env
-
-
 def train(log: Path, *args: str, transport: str | None = None) -> dict[str, Any]:
-    extra = {"PYCOMM_TRANSPORT": transport} if transport else {}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pycomm.train", "--json", str(log), *args],
-        check=False,
-        cwd=SOURCE_ROOT,
-        env=_env(**extra),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    document: dict[str, Any] = json.loads(log.read_text())
-    document["_stdout"] = proc.stdout
-    return document
+    env = {"PYCOMM_TRANSPORT": transport} if transport else {}
+    return train_to_json(SOURCE_ROOT, log, args, timeout_s=TIMEOUT_S, env=env)
 
 
 LARGE = ["--model", "large", "--nproc", "2", "--steps", str(STEPS), "--eval-every", "0"]
@@ -149,17 +126,13 @@ def test_convergence_script_tiny(workdir: Path) -> None:
     # The small model: the large one's runs are checked above, and two of them
     # more would double this file's time. Two runs: the reference and one other.
     out = workdir / "convergence"
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/convergence.py", "--model", "small", "--steps", "2", "--eval-every", "0",
+    proc = run_python(
+        SOURCE_ROOT,
+        ["benchmarks/convergence.py", "--model", "small", "--steps", "2", "--eval-every", "0",
          "--runs", "fp8+ef,none", "--out", str(out)],
-        check=False,
-        cwd=SOURCE_ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=2 * TIMEOUT_S,
+        timeout_s=2 * TIMEOUT_S,
     )
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert_exit_0(proc)
     doc = json.loads((out / "convergence.json").read_text())
     assert doc["schema"] == "pycomm.convergence/1" and doc["steps"] == 2 and doc["world_size"] == 2
     assert doc["model"] == "small"

@@ -38,6 +38,33 @@ def test_bands_pick_the_measured_best_at_every_measured_size(seed: int, world: i
         assert tuning.choose(bands, n, world) == best, (n, best)
 
 
+# (algorithm, p, n) -> (steps, bytes per rank), worked out from each schedule by hand: ring's
+# reduce-scatter + all-gather, the tree's up and down passes of each half, rhd's fold onto the
+# largest power of two q <= p, with whole-vector doubling below 64 KiB and halving above.
+SCHEDULES = {
+    ("ring", 1, 4096): (0, 0), ("ring", 4, 4096): (6, 6144), ("ring", 5, 1000): (8, 1600),
+    ("tree", 2, 4096): (2, 8192), ("tree", 5, 4096): (6, 8192), ("tree", 8, 100): (6, 200),
+    ("rhd", 4, 4096): (4, 8192), ("rhd", 6, 4096): (6, 4096 * 2 + 8192), ("rhd", 8, 1 << 20): (6, 1.75 * (1 << 20)),
+    ("rhd", 6, 1 << 20): (6, 1.5 * (1 << 20) + 2 * (1 << 20)), ("rhd", 1, 1 << 20): (0, 0),
+}
+
+
+@pytest.mark.parametrize(("algorithm", "p", "n"), SCHEDULES)
+def test_model_follows_the_schedules(algorithm: str, p: int, n: int) -> None:
+    assert (tuning.steps(algorithm, p), tuning.bytes_moved(algorithm, n, p)) == pytest.approx(SCHEDULES[algorithm, p, n])
+
+
+def test_choice_is_the_cores() -> None:
+    cheap_tree = [(-1, {"ring": (1e-3, 1e-6), "tree": (1e-6, 1e-12), "rhd": (1e-3, 1e-6)})]
+    assert tuning.choose(cheap_tree, 4096, 4) == "tree"
+    assert tuning.choose([(-1, {"rhd": (1e-3, 1e-6)})], 4096, 4) == "rhd"  # algorithms without constants never win
+    assert tuning.choose([(1024, {"ring": (1.0, 0.0)}), (-1, {"tree": (1.0, 0.0)})], 1025, 4) == "tree"
+    with pytest.raises(ValueError, match="auto"):
+        tuning.steps("auto", 4)
+    with pytest.raises(ValueError):
+        tuning.bytes_moved("ring2", 1, 4)
+
+
 def test_table_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     points = [(a, n, 4, (i + 1) * 1e-4 + n * 1e-9) for i, a in enumerate(tuning.ALGORITHMS) for n in SIZES[:3]]
     bands = tuning.fit_bands(points)

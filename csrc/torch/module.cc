@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend.h"
+#include "core/algorithms/cost_model.h"
 #include "core/codecs/block_codec.h"
 #include "core/codecs/codec_kernels.h"
 #include "core/error.h"
@@ -47,6 +48,45 @@ Enum choice(const py::dict& config, const char* key, std::initializer_list<std::
   throw py::value_error("unknown " + std::string(key) + " '" + value + "' (valid: " + valid + ")");
 }
 
+// [(up_to_bytes or -1, {algorithm: (alpha, beta)}), ...] as pycomm.tuning.load_cost_model gives;
+// an empty list keeps the placeholder model.
+pycomm::CostModel parseCostModel(const py::list& bands) {
+  std::vector<pycomm::CostBand> parsed;
+  for (const auto& item : bands) {
+    auto [limit, model] = item.cast<std::pair<long long, py::dict>>();
+    pycomm::CostBand band;
+    band.upToBytes = limit < 0 ? SIZE_MAX : static_cast<size_t>(limit);
+    auto cost = [&](const char* name, pycomm::AlgorithmCost& out) {
+      // An algorithm the table has no constants for is never chosen.
+      out = {std::numeric_limits<double>::infinity(), 0.0};
+      if (!model.contains(name)) return;
+      auto pair = model[name].cast<std::pair<double, double>>();
+      out.alpha = pair.first;
+      out.beta = pair.second;
+    };
+    cost("ring", band.ring);
+    cost("tree", band.tree);
+    cost("rhd", band.rhd);
+    parsed.push_back(band);
+  }
+  std::stable_sort(parsed.begin(), parsed.end(), [](const auto& a, const auto& b) { return a.upToBytes < b.upToBytes; });
+  pycomm::CostModel costModel;
+  if (!parsed.empty()) costModel.bands = std::move(parsed);
+  return costModel;
+}
+
+// One of the algorithms the cost model prices (ring, tree, rhd); auto has no schedule of its own.
+pycomm::Algorithm modelledAlgorithm(const std::string& name) {
+  pycomm::Algorithm algorithm;
+  try {
+    algorithm = pycomm::parseAlgorithm(name);
+  } catch (const pycomm::InvalidUsageError& e) {
+    throw py::value_error(e.what());
+  }
+  if (algorithm == pycomm::Algorithm::kAuto) throw py::value_error("the cost model prices ring, tree and rhd, not auto");
+  return algorithm;
+}
+
 // The Python layer (pycomm/backend.py) resolves options and the environment into this dict.
 Config parseConfig(int rank, int size, const py::dict& config) {
   Config c;
@@ -81,28 +121,7 @@ Config parseConfig(int rank, int size, const py::dict& config) {
       throw py::value_error(e.what());
     }
   }
-  // [(up_to_bytes or -1, {algorithm: (alpha, beta)}), ...] as pycomm.tuning.load_cost_model gives.
-  auto bands = required<py::list>(config, "cost_model");
-  std::vector<pycomm::CostBand> parsed;
-  for (const auto& item : bands) {
-    auto [limit, model] = item.cast<std::pair<long long, py::dict>>();
-    pycomm::CostBand band;
-    band.upToBytes = limit < 0 ? SIZE_MAX : static_cast<size_t>(limit);
-    auto cost = [&](const char* name, pycomm::AlgorithmCost& out) {
-      // An algorithm the table has no constants for is never chosen, as pycomm.tuning.choose does.
-      out = {std::numeric_limits<double>::infinity(), 0.0};
-      if (!model.contains(name)) return;
-      auto pair = model[name].cast<std::pair<double, double>>();
-      out.alpha = pair.first;
-      out.beta = pair.second;
-    };
-    cost("ring", band.ring);
-    cost("tree", band.tree);
-    cost("rhd", band.rhd);
-    parsed.push_back(band);
-  }
-  std::stable_sort(parsed.begin(), parsed.end(), [](const auto& a, const auto& b) { return a.upToBytes < b.upToBytes; });
-  if (!parsed.empty()) c.costModel.bands = std::move(parsed);
+  c.costModel = parseCostModel(required<py::list>(config, "cost_model"));
   return c;
 }
 
@@ -230,6 +249,20 @@ PYBIND11_MODULE(_C, m) {
 #else
   constexpr bool kBuiltWithCuda = false;
 #endif
+  // The one cost model (csrc/core/algorithms/cost_model.cc), for pycomm.tuning's fitting and choice.
+  m.def("model_steps", [](const std::string& algorithm, int p) {
+        return pycomm::algorithms::modelSteps(modelledAlgorithm(algorithm), p);
+      }, py::arg("algorithm"), py::arg("p"), "steps(p) of an all-reduce over p ranks");
+  m.def("model_bytes", [](const std::string& algorithm, double n, int p) {
+        return pycomm::algorithms::modelBytes(modelledAlgorithm(algorithm), n, p);
+      }, py::arg("algorithm"), py::arg("n"), py::arg("p"), "bytes a rank moves in an n-byte all-reduce over p ranks");
+  m.def("choose_allreduce", [](const py::list& bands, int64_t nbytes, int p) {
+        if (nbytes < 0) throw py::value_error("choose_allreduce: nbytes must not be negative");
+        const auto model = parseCostModel(bands);
+        return std::string(pycomm::algorithmName(
+            pycomm::algorithms::chooseAllreduce(model, static_cast<size_t>(nbytes), p)));
+      }, py::arg("bands"), py::arg("nbytes"), py::arg("p"),
+      "the algorithm auto picks for an nbytes all-reduce over p ranks, from load_cost_model's bands");
   m.def("cuda_available", [] { return kBuiltWithCuda; },
         "Whether this build of pycomm has its CUDA kernels compiled in (CUDA tensors are accepted by "
         "either build when torch has CUDA: they are staged through host memory).");

@@ -16,6 +16,7 @@ from typing import NoReturn
 from pycomm.bench.config import DTYPES, PYCOMM, BenchConfig, build_variants
 from pycomm.bench.descriptors_names import OP_NAMES
 from pycomm.bench.sizes import parse_size, parse_size_range, sweep
+from pycomm.ranks import under_torchrun
 
 EXIT_USAGE = 2
 
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pycomm.bench",
         description="Collective-communication microbenchmarks (nccl-tests style) for pycomm and other "
         "torch.distributed backends, measured side by side in the same ranks.",
-        epilog="Under torchrun (RANK/WORLD_SIZE set) the existing ranks are used, on any number of hosts; "
+        epilog="Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set) the existing ranks are used, on any number of hosts; "
         "otherwise --nproc ranks are spawned on this host. Exit codes: 0 ok, 1 failure or wrong results, "
         "2 usage error.",
     )
@@ -210,9 +211,9 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     ]
     if pycomm_flags and PYCOMM not in args.backends:
         notes.append(f"{', '.join(pycomm_flags)} only apply to the pycomm backend, which is not in --backends")
-    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    torchrun = under_torchrun()
     if torchrun and args.nproc is not None:
-        notes.append("--nproc ignored: ranks come from the launcher (RANK/WORLD_SIZE set)")
+        notes.append("--nproc ignored: ranks come from the launcher (RANK, WORLD_SIZE, MASTER_ADDR set)")
     lo, hi = args.sizes
     nproc = args.nproc or 2
     return BenchConfig(
@@ -239,17 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Deferred: both import torch, and `--help` or a usage error should not wait for it.
     if args.tune:
-        from pycomm.bench.tune import tune
+        from pycomm.bench import tune
 
-        return tune(args, parser, argv)
-    config = config_from_args(args, parser, argv)
-    return _run(config, args.nproc or 2)
+        tune.prepare_args(args)
+        return tune.tune(config_from_args(args, parser, argv), args.nproc or 2, args.tune_out, argv)
+    from pycomm.bench.launch import run
 
-
-def _run(config: BenchConfig, nproc: int) -> int:
-    from pycomm.bench.launch import run_existing_rank, run_local, under_torchrun
-
-    if under_torchrun():
-        return run_existing_rank(config)
-    return run_local(config, nproc)
+    return run(config_from_args(args, parser, argv), args.nproc or 2)

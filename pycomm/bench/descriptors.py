@@ -60,7 +60,8 @@ class Collective:
     shards: bool = False  # input or output is split in ``world`` chunks
 
     def busbw_factor(self, world: int) -> float:
-        return 1.0
+        # A rank of a sharded op moves the world - 1 shards that are not its own (nccl-tests).
+        return (world - 1) / world if self.shards else 1.0
 
     def layout(self, size_bytes: int, elem_size: int, world: int) -> Layout | None:
         """Round the requested size down to what the op can do; None if 0."""
@@ -118,9 +119,6 @@ class AllGather(Collective):
     name = "all_gather"
     shards = True
 
-    def busbw_factor(self, world: int) -> float:
-        return (world - 1) / world
-
     def _shard_layout(self, shard: int, elem_size: int, world: int) -> Layout:
         return Layout(shard * world * elem_size, shard, shard, shard * world)
 
@@ -142,9 +140,6 @@ class ReduceScatter(Collective):
     name = "reduce_scatter"
     shards = True
 
-    def busbw_factor(self, world: int) -> float:
-        return (world - 1) / world
-
     def _shard_layout(self, shard: int, elem_size: int, world: int) -> Layout:
         return Layout(shard * world * elem_size, shard, shard * world, shard)
 
@@ -159,9 +154,6 @@ class ReduceScatter(Collective):
 class AllToAll(Collective):
     name = "alltoall"
     shards = True
-
-    def busbw_factor(self, world: int) -> float:
-        return (world - 1) / world
 
     def run(self, bufs: Buffers, group: dist.ProcessGroup, rank: int, world: int) -> None:
         dist.all_to_all_single(bufs.out, bufs.inp, group=group)

@@ -9,12 +9,7 @@ from datetime import timedelta
 
 from pycomm.bench.config import BenchConfig
 from pycomm.bench.runner import EXIT_FAIL, run_rank, spawn_entry
-from pycomm.ranks import terminate_ranks, wait_ranks
-
-
-def under_torchrun() -> bool:
-    """torchrun (or any launcher speaking its env protocol) started us."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+from pycomm.ranks import report_silent_deaths, terminate_ranks, under_torchrun, wait_ranks
 
 
 def run_existing_rank(config: BenchConfig) -> int:
@@ -26,6 +21,13 @@ def run_existing_rank(config: BenchConfig) -> int:
     if message:
         print(f"pycomm.bench: error: rank {rank}: {message}", file=sys.stderr, flush=True)
     return code
+
+
+def run(config: BenchConfig, nproc: int) -> int:
+    """The ranks of a launcher if one started us, else ``nproc`` spawned here."""
+    if under_torchrun():
+        return run_existing_rank(config)
+    return run_local(config, nproc)
 
 
 def run_local(config: BenchConfig, nproc: int) -> int:
@@ -58,12 +60,7 @@ def run_local(config: BenchConfig, nproc: int) -> int:
         rank, _code, message = results.get()
         messages[rank] = message
     codes = [proc.exitcode for proc in procs]
-    # Ranks that died without a word (killed, a crash in a backend) first:
-    # they are usually the cause of the others' errors.
-    for rank, code in enumerate(codes):
-        if code not in (0, None) and rank not in messages:
-            how = f"signal {-code}" if code < 0 else f"exit {code}"
-            print(f"pycomm.bench: error: rank {rank} died ({how})", file=sys.stderr, flush=True)
+    report_silent_deaths("pycomm.bench", codes, messages)
     # Then one line per distinct problem: ranks usually fail for one reason.
     seen: set[str] = set()
     for rank in sorted(messages):

@@ -19,25 +19,29 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pycomm import tuning
+from pycomm.bench.config import BenchConfig
+from pycomm.bench.launch import run
 
 
-def tune(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
-    from pycomm.bench.cli import _run, config_from_args
-
+def prepare_args(args: argparse.Namespace) -> None:
+    """Fix the flags a tuning run measures with, before the command line becomes a BenchConfig."""
     args.backends = ["pycomm"]
     args.op = ["all_reduce"]
     args.algo = list(tuning.ALGORITHMS)
     args.compression = None
     args.transport = "tcp"  # auto only chooses among TCP schedules; shared memory has its own
-    out = Path(args.tune_out) if args.tune_out else tuning.USER_TABLE
+    args.json = None  # the measurements go to a file of the run's own (tune below)
+
+
+def tune(config: BenchConfig, nproc: int, out_path: str | None, argv: Sequence[str]) -> int:
+    """Measure with ``config`` (from prepare_args' flags), fit the bands and write the table."""
+    out = Path(out_path) if out_path else tuning.USER_TABLE
     with tempfile.TemporaryDirectory() as tmp:
-        args.json = os.path.join(tmp, "tune.json")
-        config = config_from_args(args, parser, argv)
-        config = dataclasses.replace(config, json_path=args.json)
-        status = _run(config, args.nproc or 2)
+        measured = os.path.join(tmp, "tune.json")
+        status = run(dataclasses.replace(config, json_path=measured), nproc)
         if status != 0:
             return status
-        document = json.loads(Path(args.json).read_text())
+        document = json.loads(Path(measured).read_text())
     world = int(document["meta"]["world_size"])
     points = [
         (row["algo"], int(row["size_bytes"]), world, float(row["time_us"]) * 1e-6)

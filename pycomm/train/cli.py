@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from pycomm.ranks import under_torchrun
 from pycomm.train.config import BACKENDS, EXIT_FAIL, EXIT_USAGE, HOOKS, MODELS, TrainConfig
 
 PROG = "pycomm.train"
@@ -147,6 +148,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{PROG}: error: {launch.one_line(exc)}", file=sys.stderr, flush=True)
         return EXIT_FAIL
-    if launch.under_torchrun():
+    if under_torchrun():
         return launch.run_existing_rank(config)
     return launch.run_local(config)

@@ -14,15 +14,10 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from pycomm.ranks import terminate_ranks, wait_ranks
+from pycomm.ranks import report_silent_deaths, terminate_ranks, under_torchrun, wait_ranks
 from pycomm.train.config import EXIT_FAIL, EXIT_OK, TrainConfig
 
 TRACEBACK_ENV = "PYCOMM_TRAIN_TRACEBACK"  # =1: print full tracebacks, not one line
-
-
-def under_torchrun() -> bool:
-    """torchrun (or a launcher speaking its env:// protocol) started this process as one rank."""
-    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
 def one_line(exc: BaseException) -> str:
@@ -139,12 +134,7 @@ def run_local(config: TrainConfig) -> int:
         if message:
             messages[rank] = message
     codes = [proc.exitcode for proc in procs]
-    # Ranks that died without a word first (killed, a crash inside a backend):
-    # they are usually why the others failed.
-    for rank, code in enumerate(codes):
-        if code not in (0, None) and rank not in messages:
-            how = f"signal {-code}" if code < 0 else f"exit {code}"
-            print(f"pycomm.train: error: rank {rank} died ({how})", file=sys.stderr, flush=True)
+    report_silent_deaths("pycomm.train", codes, messages)
     # Then one line per distinct problem: ranks usually fail for one reason
     # (a bad PYCOMM_* variable, a peer gone), and world copies of it bury the rest.
     seen: dict[str, list[int]] = {}
