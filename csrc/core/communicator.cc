@@ -12,9 +12,11 @@
 #include "algorithms/op.h"
 #include "algorithms/rhd.h"
 #include "algorithms/ring.h"
+#include "algorithms/shm_collectives.h"
 #include "algorithms/tree.h"
 #include "checked.h"
 #include "error.h"
+#include "transport/shm/segment_group.h"
 #include "transport/subset_transport.h"
 #include "transport/tcp/sha256.h"
 #include "transport/tcp/tcp_transport.h"
@@ -26,6 +28,7 @@ using algorithms::Segments;
 using transport::Clock;
 using transport::OpKind;
 using transport::OpSignature;
+using transport::shm::StepWait;
 
 const char* algorithmName(Algorithm algorithm) {
   switch (algorithm) {
@@ -119,7 +122,7 @@ void Communicator::rejectCollective(const std::string& message) {
   const uint64_t seq = ++seq_;
   // The peers may be in a step of this op in shared memory, which this rank never joins: their
   // published flags would pair with this rank's next op. The group leaves shared memory first.
-  if (algorithms::ShmGroup* group = localGroup(); group != nullptr && !shmBroken_) {
+  if (transport::shm::Group* group = localGroup(); group != nullptr && !shmBroken_) {
     group->abandon(seq + 1);
     shmBroken_ = true;
   }
@@ -143,7 +146,7 @@ void Communicator::setupSharedMemory(Store& store) {
   auto segmentName = [&](int hostIndex) { return strCat("/pycomm-", tokenHex, "-", hostIndex); };
   try {
     formSharedMemoryGroups(store, segmentName);
-  } catch (const algorithms::SharedMemoryUnavailable& e) {
+  } catch (const transport::shm::SharedMemoryUnavailable& e) {
     for (int hostIndex = 0; hostIndex < size(); ++hostIndex) transport::shm::Segment::unlinkName(segmentName(hostIndex));
     PYCOMM_CHECK(config_.transport != TransportKind::kShm, InvalidUsageError, prefix(), " transport=shm: ", e.what());
     shm_.reset();
@@ -217,7 +220,7 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
   // has its rings already.
   auto makeGroup = [&](int groupRank, int groupSize, const std::string& key, transport::Transport& barrierOver,
                        const std::vector<int>& groupMembers) {
-    auto group = std::make_unique<algorithms::ShmGroup>(
+    auto group = std::make_unique<transport::shm::SegmentGroup>(
         groupRank, groupSize, config_.shmSlotBytes, config_.shmRingBytes, segmentName(hostIndex),
         [&](bool created) { store.set(key, {static_cast<uint8_t>(created ? 1 : 0)}); },
         [&] { return store.get(key, timeout()) == std::vector<uint8_t>{1}; },
@@ -239,7 +242,7 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
           }
           return all;
         },
-        [&](const algorithms::ShmGroup& g) {
+        [&](const transport::shm::SegmentGroup& g) {
           for (int q = 0; q < groupSize; ++q) {
             if (q != groupRank) tcp_->attachRings(groupMembers[q], g.ring(groupRank, q), g.ring(q, groupRank), g.memory());
           }
@@ -280,7 +283,7 @@ template <typename Body>
 bool Communicator::runShm(OpSignature signature, const char* algorithm, Body body) {
   if (!shm_ || !sharedMemoryFor(seq_.load() + 1)) return false;
   runCollective(signature, algorithm, [&](Op& o) {
-    const algorithms::ShmWait wait = shmWait(o);
+    const StepWait wait = shmWait(o);
     try {
       body(wait);
     } catch (const std::exception&) {
@@ -295,17 +298,17 @@ bool Communicator::runShm(OpSignature signature, const char* algorithm, Body bod
   return true;
 }
 
-algorithms::ShmWait Communicator::shmWait(const Op& o) {
-  return algorithms::ShmWait{o.deadline(), o.context(), [this](int q) { return transport_->peerFailure(q); }, o.seq(),
-                             [this](uint64_t seq) { return transport_->peerReportedFailure(seq); }};
+StepWait Communicator::shmWait(const Op& o) {
+  return StepWait{o.deadline(), o.context(), [this](int q) { return transport_->peerFailure(q); }, o.seq(),
+                  [this](uint64_t seq) { return transport_->peerReportedFailure(seq); }};
 }
 
-algorithms::ShmGroup* Communicator::localGroup() const {
+transport::shm::Group* Communicator::localGroup() const {
   return shm_ ? shm_.get() : hierarchy_ ? hierarchy_->local.get() : nullptr;
 }
 
 bool Communicator::sharedMemoryFor(uint64_t seq) {
-  algorithms::ShmGroup* group = localGroup();
+  transport::shm::Group* group = localGroup();
   if (group == nullptr || shmBroken_) return false;
   // Decided once per op: the adapter asks (allreducesInSharedMemory) before the op asks again.
   if (shmDecidedFor_ != seq) {
@@ -393,10 +396,10 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
 }
 
 void Communicator::announce(const Op& op, bool viaShm) {
-  algorithms::ShmGroup* group = shm_ && !shmBroken_ ? shm_.get() : hierarchy_ ? hierarchy_->local.get() : nullptr;
+  transport::shm::Group* group = shm_ && !shmBroken_ ? shm_.get() : hierarchy_ ? hierarchy_->local.get() : nullptr;
   if (group == nullptr) return;
   group->announce(op.seq(), op.signature());
-  if (viaShm) return;  // a step that waits compares the announcements then (shm_collectives.h)
+  if (viaShm) return;  // a step that waits compares the announcements then (transport/shm/group.h)
   std::string mismatch = group->conflict(op.seq(), op.signature(), op.context());
   if (mismatch.empty()) return;
   // The peer is in a step of this op in shared memory and fails it too: both leave it.
@@ -440,8 +443,8 @@ bool Communicator::allreducePieces(const BufferList& pieces, DataType dtype, Red
   const size_t count = pieces.bytes() / elementSize(dtype);
   const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
   return runShm(signature,
-                pieces.bytes() <= algorithms::ShmGroup::kShortAllreduceBytes ? "shm-all-in-place" : "shm-slices-in-place",
-                [&](const algorithms::ShmWait& w) { shm_->allreduce(pieces, count, dtype, op, signature, w); });
+                pieces.bytes() <= algorithms::kShmShortAllreduceBytes ? "shm-all-in-place" : "shm-slices-in-place",
+                [&](const StepWait& w) { algorithms::shmAllreduce(*shm_, pieces, count, dtype, op, signature, w); });
 }
 
 void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -454,8 +457,8 @@ void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
   const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
   auto* buf = static_cast<uint8_t*>(data);
   const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
-  if (runShm(signature, nbytes <= algorithms::ShmGroup::kShortAllreduceBytes ? "shm-all" : "shm-slices",
-             [&](const algorithms::ShmWait& w) { shm_->allreduce(data, count, dtype, op, signature, w); })) {
+  if (runShm(signature, nbytes <= algorithms::kShmShortAllreduceBytes ? "shm-all" : "shm-slices",
+             [&](const StepWait& w) { algorithms::shmAllreduce(*shm_, data, count, dtype, op, signature, w); })) {
     return;
   }
   if (runHierarchical(signature, "hierarchical", [&](Op& cross, const algorithms::HostGrid& host) {
@@ -489,7 +492,8 @@ void Communicator::broadcast(void* data, size_t count, DataType dtype, int root)
   // Short messages: log2 p hops of a binomial tree; long ones: the pipelined chain, at link speed.
   const bool shortMessage = nbytes <= kShortMessageBytes;
   const OpSignature signature = makeSignature(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count);
-  if (runShm(signature, "shm", [&](const algorithms::ShmWait& w) { shm_->broadcast(data, nbytes, root, signature, w); })) {
+  if (runShm(signature, "shm",
+             [&](const StepWait& w) { algorithms::shmBroadcast(*shm_, data, nbytes, root, signature, w); })) {
     return;
   }
   runCollective(signature,
@@ -545,8 +549,8 @@ void Communicator::reduce(void* data, size_t count, DataType dtype, ReduceOp op,
 
 void Communicator::allgather(const void* in, void* out, size_t count, DataType dtype) {
   const OpSignature signature = makeSignature(OpKind::kAllgather, dtype, ReduceOp::kSum, -1, count);
-  if (runShm(signature, "shm", [&](const algorithms::ShmWait& w) {
-        shm_->allgather(in, out, count * elementSize(dtype), signature, w);
+  if (runShm(signature, "shm", [&](const StepWait& w) {
+        algorithms::shmAllgather(*shm_, in, out, count * elementSize(dtype), signature, w);
       })) {
     return;
   }
@@ -565,8 +569,8 @@ void Communicator::reduceScatter(const void* in, void* out, size_t count, DataTy
   PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " reduce_scatter: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
   const OpSignature signature = makeSignature(OpKind::kReduceScatter, dtype, op, -1, count);
-  if (runShm(signature, "shm", [&](const algorithms::ShmWait& w) {
-        shm_->reduceScatter(in, out, count, dtype, op, signature, w);
+  if (runShm(signature, "shm", [&](const StepWait& w) {
+        algorithms::shmReduceScatter(*shm_, in, out, count, dtype, op, signature, w);
       })) {
     return;
   }
@@ -634,7 +638,7 @@ bool Communicator::runHierarchical(OpSignature signature, const char* algorithm,
   if (!hierarchy_ || !sharedMemoryFor(seq_.load() + 1)) return false;
   runCollective(signature, algorithm, [&](Op& o) {
     Hierarchy& h = *hierarchy_;
-    const algorithms::ShmWait wait = shmWait(o);
+    const StepWait wait = shmWait(o);
     // Same signature as the whole op: frames of one seq must all agree (TcpTransport::beginOp).
     Op cross(*h.cross, o.seq(), o.signature(), o.context() + " (across hosts)", o.deadline(), timeout());
     try {
@@ -661,7 +665,7 @@ void Communicator::hierarchicalAllreduce(Op& cross, const algorithms::HostGrid& 
                                          DataType dtype, ReduceOp op, Algorithm algorithm) {
   const Hierarchy& h = *hierarchy_;
   const size_t esize = elementSize(dtype);
-  host.local.allreduce(data, count, dtype, op, host.sig, host.wait);
+  algorithms::shmAllreduce(host.local, data, count, dtype, op, host.sig, host.wait);
   Segments slices(count, h.localSize);
   uint8_t* slice = data + slices.offset(h.localRank) * esize;
   const size_t n = slices.length(h.localRank);
@@ -680,7 +684,7 @@ void Communicator::hierarchicalAllreduce(Op& cross, const algorithms::HostGrid& 
   cross.waitAll();
   std::vector<size_t> offsets(h.localSize + 1);
   for (int q = 0; q <= h.localSize; ++q) offsets[q] = (q < h.localSize ? slices.offset(q) : count) * esize;
-  host.local.allgatherParts(data, offsets, host.sig, host.wait);
+  algorithms::shmAllgatherParts(host.local, data, offsets, host.sig, host.wait);
 }
 
 namespace {
@@ -746,7 +750,7 @@ void Communicator::allgatherCompressed(const float* in, float* out, size_t count
 
 void Communicator::barrier() {
   const OpSignature signature = makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0);
-  if (runShm(signature, "shm", [&](const algorithms::ShmWait& w) { shm_->barrier(signature, w); })) return;
+  if (runShm(signature, "shm", [&](const StepWait& w) { algorithms::shmBarrier(*shm_, signature, w); })) return;
   runCollective(signature,
                 "dissemination", [&](Op& o) { algorithms::disseminationBarrier(o); });
 }

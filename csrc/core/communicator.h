@@ -27,7 +27,7 @@
 #include "task_queue.h"
 #include "algorithms/hierarchical_compressed.h"
 #include "algorithms/op.h"
-#include "algorithms/shm_collectives.h"
+#include "transport/shm/group.h"
 #include "transport/transport.h"
 
 namespace pycomm::transport::tcp {
@@ -153,12 +153,12 @@ class Communicator {
   template <typename Body>
   void runCollective(transport::OpSignature signature, const char* algorithm, Body body,
                      const char* transportName = nullptr, bool viaShm = false);
-  // States the op in the group's shared memory, if it has some (algorithms/shm_collectives.h); an op
+  // States the op in the group's shared memory, if it has some (transport/shm/group.h); an op
   // of another path compares it with the peers' at once and throws on a mismatch.
   void announce(const algorithms::Op& op, bool viaShm);
-  algorithms::ShmWait shmWait(const algorithms::Op& op);
+  transport::shm::StepWait shmWait(const algorithms::Op& op);
   // The group's shared memory: shm_ for one host, this host's part of the hierarchy, or null.
-  algorithms::ShmGroup* localGroup() const;
+  transport::shm::Group* localGroup() const;
   // Whether op `seq` runs in localGroup(): not once the host gave shared memory up. Worker thread only.
   bool sharedMemoryFor(uint64_t seq);
   // Runs `body` over shared memory if this group has it; on failure the group falls back to TCP.
@@ -181,11 +181,11 @@ class Communicator {
   Logger logger_;
   std::unique_ptr<transport::Transport> transport_;
   transport::tcp::TcpTransport* tcp_ = nullptr;  // transport_, for moving same-host peers to rings
-  std::unique_ptr<algorithms::ShmGroup> shm_;  // ranks all on one host; null otherwise
+  std::unique_ptr<transport::shm::Group> shm_;  // ranks all on one host; null otherwise
   // Several hosts with the same number of ranks each: shared memory among this host's ranks, and
   // a view of the group with the ranks of the same local index on every host.
   struct Hierarchy {
-    std::unique_ptr<algorithms::ShmGroup> local;
+    std::unique_ptr<transport::shm::Group> local;
     std::unique_ptr<transport::Transport> cross;
     int localRank = 0;
     int localSize = 1;

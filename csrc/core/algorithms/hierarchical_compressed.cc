@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../checked.h"
+#include "shm_collectives.h"
 
 namespace pycomm::algorithms {
 namespace {
@@ -55,11 +56,11 @@ void hierarchicalCompressedAllreduce(Op& cross, const HostGrid& host, float* dat
       hierarchicalCut(count, host.local.rank(), host.local.size(), cross.size(), codec, chunkBytes);
   PieceStages stages;
   stages.before = [&](size_t k) {
-    host.local.reduceScatterParts(data + cut.chunkBegin[k], byteOffsets(cut.sliceOffsets[k]), DataType::kFloat32,
-                                  ReduceOp::kSum, host.sig, host.wait);
+    shmReduceScatterParts(host.local, data + cut.chunkBegin[k], byteOffsets(cut.sliceOffsets[k]),
+                          DataType::kFloat32, ReduceOp::kSum, host.sig, host.wait);
   };
   stages.after = [&](size_t k) {
-    host.local.allgatherParts(data + cut.chunkBegin[k], byteOffsets(cut.sliceOffsets[k]), host.sig, host.wait);
+    shmAllgatherParts(host.local, data + cut.chunkBegin[k], byteOffsets(cut.sliceOffsets[k]), host.sig, host.wait);
   };
   compressedAllreducePieces(cross, data, cut.pieces, codec, average, 1.0f / static_cast<float>(host.worldSize()),
                             scratch, residual, stages);
@@ -84,7 +85,8 @@ void hierarchicalCompressedReduceScatter(Op& cross, const HostGrid& host, const 
                   blockBytes);
     }
   }
-  host.local.reduceScatter(ordered, hostSum, hosts * count, DataType::kFloat32, ReduceOp::kSum, host.sig, host.wait);
+  shmReduceScatter(host.local, ordered, hostSum, hosts * count, DataType::kFloat32, ReduceOp::kSum, host.sig,
+                   host.wait);
   compressedReduceScatter(cross, hostSum, out, count, codec, average, 1.0f / static_cast<float>(world), scratch);
 }
 
@@ -100,7 +102,7 @@ void hierarchicalCompressedAllgather(Op& cross, const HostGrid& host, const floa
   float* gathered = mine + hosts * count;
   // The blocks of this rank's local index, decoded (rounded once); the host then shares them as they are.
   compressedAllgather(cross, in, mine, count, codec, chunkBytes, scratch);
-  host.local.allgather(mine, gathered, hosts * count * sizeof(float), host.sig, host.wait);
+  shmAllgather(host.local, mine, gathered, hosts * count * sizeof(float), host.sig, host.wait);
   for (int l = 0; l < localSize; ++l) {
     for (int h = 0; h < hosts; ++h) {
       std::memcpy(out + host.grid[h * localSize + l] * count,

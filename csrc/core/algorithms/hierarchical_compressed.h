@@ -21,15 +21,15 @@
 #include <vector>
 
 #include "../codecs/block_codec.h"
+#include "../transport/shm/group.h"
 #include "compressed.h"
 #include "op.h"
-#include "shm_collectives.h"
 
 namespace pycomm::algorithms {
 
 struct HostGrid {
-  ShmGroup& local;
-  const ShmWait& wait;
+  transport::shm::Group& local;
+  const transport::shm::StepWait& wait;
   const OpSignature& sig;
   const std::vector<int>& grid;
   int worldSize() const { return static_cast<int>(grid.size()); }

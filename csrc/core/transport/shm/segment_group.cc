@@ -1,0 +1,191 @@
+#include "segment_group.h"
+
+#include <algorithm>
+#include <new>
+#include <thread>
+
+namespace pycomm::transport::shm {
+namespace {
+
+size_t alignUp(size_t n) { return (n + 4095) & ~size_t{4095}; }
+
+uint64_t packHead(const OpSignature& s) {
+  return uint64_t{static_cast<uint8_t>(s.kind)} | uint64_t{s.dtype} << 8 | uint64_t{s.reduceOp} << 16 |
+         uint64_t{s.codec} << 24 | uint64_t{static_cast<uint32_t>(s.root)} << 32;
+}
+
+OpSignature unpack(uint64_t head, uint64_t count) {
+  OpSignature s;
+  s.kind = static_cast<OpKind>(head & 0xff);
+  s.dtype = static_cast<uint8_t>(head >> 8);
+  s.reduceOp = static_cast<uint8_t>(head >> 16);
+  s.codec = static_cast<uint8_t>(head >> 24);
+  s.root = static_cast<int32_t>(static_cast<uint32_t>(head >> 32));
+  s.count = count;
+  return s;
+}
+
+}  // namespace
+
+SegmentGroup::SegmentGroup(int rank, int size, size_t slotBytes, size_t ringBytes, const std::string& name,
+                           const std::function<void(bool)>& published, const std::function<bool()>& awaitCreated,
+                           const std::function<bool(bool, const std::string&)>& agree,
+                           const std::function<void(const SegmentGroup&)>& mapped,
+                           const std::function<void()>& allMapped, std::vector<int> members)
+    : Group(rank, size, alignUp(slotBytes)),
+      // p * p rings: larger groups get smaller rings, so that they take 16 MiB at most.
+      ringBytes_(std::min(ringBytes, std::max<size_t>(256 * 1024, (16u << 20) / (static_cast<size_t>(size) * size)))),
+      // Polling only pays while every rank has a core: with more ranks than cores the peer we wait
+      // for may need this very core, and a sleeping wait hands it over at once.
+      spin_(static_cast<unsigned>(size) <= std::thread::hardware_concurrency() ? kSpin : std::chrono::microseconds(0)),
+      members_(std::move(members)) {
+  // Controls, then four slots per rank, then one ring per ordered pair (the diagonal unused). A
+  // fresh segment is zero-filled, which is a ring's initial state; only touched pages take memory.
+  const size_t bytes =
+      slotsOffset() + size * 4 * this->slotBytes() + size * size * alignUp(Ring::bytesFor(ringBytes_));
+  try {
+    std::string why;  // why this rank has no mapping
+    if (rank == 0) {
+      try {
+        segment_ = std::make_shared<Segment>(Segment::create(name, bytes));
+        new (segment_->data()) GroupState();
+        for (int q = 0; q < size; ++q) new (segment_->data() + kControlsOffset + q * sizeof(Control)) Control();
+      } catch (const RemoteError& e) {
+        why = e.what();
+      }
+      published(why.empty());
+    } else if (!awaitCreated()) {
+      why = "the group's first rank on this host could not create the segment";
+    } else {
+      try {
+        segment_ = std::make_shared<Segment>(Segment::open(name, bytes));
+      } catch (const RemoteError& e) {
+        why = e.what();  // another /dev/shm than the creator's, say (a container of its own)
+      }
+    }
+    if (!agree(why.empty(), why)) {
+      throw SharedMemoryUnavailable(strCat("shared memory ", name, " is not mapped on every rank",
+                                           why.empty() ? "" : " (here: " + why + ")"));
+    }
+    setSlots(segment_->data() + slotsOffset());
+    mapped(*this);
+    allMapped();
+  } catch (...) {
+    Segment::unlinkName(name);
+    throw;
+  }
+  segment_->unlink();
+}
+
+SegmentGroup::GroupState& SegmentGroup::state() const { return *reinterpret_cast<GroupState*>(segment_->data()); }
+
+SegmentGroup::Control& SegmentGroup::control(int q) const {
+  return *reinterpret_cast<Control*>(segment_->data() + kControlsOffset + q * sizeof(Control));
+}
+
+size_t SegmentGroup::slotsOffset() const { return alignUp(kControlsOffset + sizeof(Control) * size()); }
+
+Ring SegmentGroup::ring(int from, int to) const {
+  const size_t stride = alignUp(Ring::bytesFor(ringBytes_));
+  uint8_t* base = segment_->data() + slotsOffset() + size() * 4 * slotBytes() +
+                  (static_cast<size_t>(from) * size() + to) * stride;
+  return Ring(base, ringBytes_);
+}
+
+void SegmentGroup::announce(uint64_t seq, const OpSignature& sig) {
+  Announcement& a = control(rank()).announced;
+  a.seq.store(0);
+  a.head.store(packHead(sig));
+  a.count.store(sig.count);
+  a.seq.store(seq);  // seq_cst, then the caller reads the peers': one of two such ranks sees the other
+}
+
+std::string SegmentGroup::conflict(uint64_t seq, const OpSignature& sig, const std::string& context) const {
+  for (int q = 0; q < size(); ++q) {
+    if (q == rank()) continue;
+    const Announcement& a = control(q).announced;
+    if (a.seq.load() != seq) continue;
+    const OpSignature theirs = unpack(a.head.load(), a.count.load());
+    if (a.seq.load() != seq || theirs == sig) continue;  // rewritten meanwhile, or the same op
+    return strCat(context, ": mismatched collectives across ranks: rank ", member(rank()), " runs ", sig.describe(),
+                  " but rank ", member(q), " runs ", theirs.describe());
+  }
+  return {};
+}
+
+void SegmentGroup::abandon(uint64_t fromSeq) {
+  GroupState& s = state();
+  uint64_t current = s.abandonFrom.load();
+  while ((current == 0 || fromSeq < current) && !s.abandonFrom.compare_exchange_weak(current, fromSeq)) {
+  }
+  int32_t none = -1;
+  s.abandonedBy.compare_exchange_strong(none, member(rank()));
+}
+
+bool SegmentGroup::abandonedAt(uint64_t seq) const {
+  const uint64_t from = state().abandonFrom.load(std::memory_order_acquire);
+  return from != 0 && from <= seq;
+}
+
+void SegmentGroup::checkWhileWaiting(int q, const StepWait& wait) const {
+  if (q != rank()) {
+    if (auto failure = wait.peerFailure(member(q))) std::rethrow_exception(failure);
+  }
+  if (wait.reportedFailure) {
+    if (std::string failure = wait.reportedFailure(wait.seq); !failure.empty()) throw RemoteError(failure);
+  }
+  if (std::string mismatch = conflict(wait.seq, current_, wait.context);
+      !mismatch.empty()) {
+    throw InvalidUsageError(mismatch);
+  }
+  PYCOMM_CHECK(!abandonedAt(wait.seq), RemoteError, wait.context, ": rank ", state().abandonedBy.load(),
+               " gave shared memory up after a failure; this op fails, and the group's next ones run over its "
+               "connections");
+}
+
+void SegmentGroup::waitAll(Flag flag, uint32_t target, const StepWait& wait, const char* what) {
+  for (int q = 0; q < size(); ++q) {
+    Control& c = control(q);
+    SharedFlag& f = flag == Flag::kReady ? c.ready : flag == Flag::kReduced ? c.reduced : c.consumed;
+    while (!waitAtLeast(f, target, std::chrono::milliseconds(2), spin_)) {
+      checkWhileWaiting(q, wait);
+      PYCOMM_CHECK(std::chrono::steady_clock::now() < wait.deadline, TimeoutError, wait.context,
+                   ": timed out waiting for peer ", member(q), " (shared memory, ", what, ")");
+    }
+  }
+}
+
+uint32_t SegmentGroup::beginStep(const OpSignature& sig, const StepWait& wait) {
+  const uint32_t epoch = ++epoch_;
+  // This parity's slots were last used two steps ago; every rank must be done reading them.
+  current_ = sig;
+  waitAll(Flag::kConsumed, epoch - 2, wait, "slots to be free");
+  // Only now: a peer may still compare this parity's step of two steps ago.
+  control(rank()).step[epoch % 2] = Step{sig, wait.seq};
+  return epoch;
+}
+
+void SegmentGroup::publishInputs(uint32_t epoch, const StepWait& wait) {
+  publish(control(rank()).ready, epoch);
+  waitAll(Flag::kReady, epoch, wait, "inputs");
+  const Step& mine = control(rank()).step[epoch % 2];
+  for (int q = 0; q < size(); ++q) {
+    const Step& theirs = control(q).step[epoch % 2];
+    PYCOMM_CHECK(theirs.signature == mine.signature, InvalidUsageError, wait.context,
+                 ": mismatched collectives across ranks: rank ", member(rank()), " runs ", mine.signature.describe(),
+                 " but rank ", member(q), " runs ", theirs.signature.describe());
+    PYCOMM_CHECK(theirs.seq == mine.seq, InvalidUsageError, wait.context,
+                 ": mismatched collectives across ranks: rank ", member(rank()), " runs its op #", mine.seq, " (",
+                 mine.signature.describe(), ") where rank ", member(q), " runs its op #", theirs.seq,
+                 " (an op ran on some ranks only)");
+  }
+}
+
+void SegmentGroup::publishResults(uint32_t epoch, const StepWait& wait) {
+  publish(control(rank()).reduced, epoch);
+  waitAll(Flag::kReduced, epoch, wait, "reduced slices");
+}
+
+void SegmentGroup::endStep(uint32_t epoch) { publish(control(rank()).consumed, epoch); }
+
+}  // namespace pycomm::transport::shm
