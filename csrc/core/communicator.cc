@@ -9,6 +9,7 @@
 #include "algorithms/compressed.h"
 #include "algorithms/cost_model.h"
 #include "algorithms/direct.h"
+#include "algorithms/hierarchical_compressed.h"
 #include "algorithms/op.h"
 #include "algorithms/rhd.h"
 #include "algorithms/ring.h"

@@ -8,15 +8,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "buffer_list.h"
@@ -25,10 +23,13 @@
 #include "dtype.h"
 #include "store.h"
 #include "task_queue.h"
-#include "algorithms/hierarchical_compressed.h"
-#include "algorithms/op.h"
 #include "transport/shm/group.h"
 #include "transport/transport.h"
+
+namespace pycomm::algorithms {
+class Op;
+struct HostGrid;
+}  // namespace pycomm::algorithms
 
 namespace pycomm::transport::tcp {
 class TcpTransport;
