@@ -1,17 +1,20 @@
-// pycomm's schedules over a stream-ordered link (queued_link.h): what runs on GPUs over NCCL's
-// point-to-point. They mirror the CPU schedules (ring.h, tree.h, chain.h, compressed.h) element for
-// element: the same segments, the same pieces, the same order of reduction. With kernels that match
-// the CPU's bits, a queued all-reduce gives the bits the CPU algorithm of the same name gives.
+// pycomm's collectives over a stream-ordered link (queued_link.h): what runs on GPUs over NCCL's
+// point-to-point. The ring, rhd, chain broadcast and direct all-to-all are the CPU's own schedules
+// (ring_schedule.h, rhd_schedule.h, chain_schedule.h, alltoall_schedule.h) run by the queued
+// executor (queued_steps.h); the tree and the compressed collectives are still written here, for
+// the link only, mirroring the CPU ones (tree.h, compressed.h) element for element: the same
+// segments, the same pieces, the same order of reduction. With kernels that match the CPU's bits,
+// a queued all-reduce gives the bits the CPU algorithm of the same name gives.
 //
 // Everything is posted to the link; nothing waits on the host. Every rank posts the same sequence
 // of steps, and a step's group pairs only with the same step's groups on other ranks, so the
-// schedules cannot deadlock whatever the link's buffering. Scratch is the caller's (nothing here
-// allocates); the sizes come from the *ScratchBytes functions.
+// schedules cannot deadlock whatever the link's buffering. Scratch is the caller's, its sizes from
+// the *ScratchBytes functions; the host side keeps only the transfer lists of the groups.
 //
-// Differences from the CPU versions, all about overlap, none about results: a link runs its groups
-// and kernels one after another, so the ring does not cut segments into chunks (reduction and
-// transfer would not overlap anyway); the tree keeps its chunks, which lets the levels of a tree work
-// on different chunks at once.
+// Differences from the CPU runs, all about overlap, none about results: a link runs its groups and
+// kernels one after another, so the ring does not cut segments into chunks (reduction and transfer
+// would not overlap anyway); the tree keeps its chunks, which lets the levels of a tree work on
+// different chunks at once.
 #pragma once
 
 #include <cstddef>
