@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "../error.h"
+#include "allreduce_plan.h"
 #include "alltoall_schedule.h"
 #include "chain_schedule.h"
 #include "compressed.h"
@@ -177,6 +178,17 @@ void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t cou
   }
 }
 
+size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, DataType dtype) {
+  return algorithms::allreduceScratchBytes<QueuedSteps>(plan, count, size, dtype);
+}
+
+void allreduce(QueuedLink& link, const AllreducePlan& plan, uint8_t* data, uint8_t* scratch, size_t count,
+               DataType dtype, ReduceOp op) {
+  if (link.size() == 1 || count == 0) return;
+  QueuedSteps steps(link, "all-reduce");
+  runAllreduce(steps, plan, data, scratch, count, dtype, op);
+}
+
 void chainBroadcast(QueuedLink& link, uint8_t* data, size_t bytes, int root, size_t chunkBytes) {
   const int p = link.size();
   PYCOMM_CHECK(root >= 0 && root < p, InvalidUsageError, "broadcast root ", root, " outside a group of ", p);
@@ -305,3 +317,16 @@ void compressedAllgather(QueuedLink& link, const float* in, float* out, uint8_t*
 }
 
 }  // namespace pycomm::algorithms::queued
+
+namespace pycomm::algorithms {
+
+size_t TreeOn<QueuedSteps>::scratchBytes(size_t count, size_t chunkElems, DataType dtype) {
+  return queued::treeScratchBytes(count, chunkElems, dtype);
+}
+
+void TreeOn<QueuedSteps>::run(QueuedSteps& x, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype,
+                              ReduceOp op, size_t chunkElems) {
+  queued::treeAllreduce(x.link(), data, scratch, count, dtype, op, chunkElems);
+}
+
+}  // namespace pycomm::algorithms

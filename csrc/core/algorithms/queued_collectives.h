@@ -23,6 +23,7 @@
 
 #include "../codecs/block_codec.h"
 #include "../dtype.h"
+#include "allreduce_plan.h"
 #include "op.h"
 #include "queued_link.h"
 
@@ -37,6 +38,12 @@ void ringReduceScatter(QueuedLink& link, uint8_t* data, uint8_t* scratch, const 
 void ringAllgather(QueuedLink& link, uint8_t* data, const Segments& segments, size_t elementBytes);
 // Reduce-scatter then all-gather over Segments(count, p): the CPU ring's result.
 void ringAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op);
+
+// The all-reduce allreduce_plan.h planned (planAllreduce with no cost model on a link): the
+// algorithm's bits are the CPU's for the same plan.
+size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, DataType dtype);
+void allreduce(QueuedLink& link, const AllreducePlan& plan, uint8_t* data, uint8_t* scratch, size_t count,
+               DataType dtype, ReduceOp op);
 
 size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype);
 // The double binary tree of tree.h: each half reduced up its tree in chunks of chunkElems and sent
