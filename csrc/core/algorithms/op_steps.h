@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "../codecs/block_codec.h"
 #include "../codecs/reduce.h"
 #include "op.h"
 #include "steps.h"
@@ -40,6 +41,14 @@ class OpSteps {
   }
   void copy(void* dst, const void* src, size_t bytes) {
     if (bytes > 0) std::memmove(dst, src, bytes);
+  }
+  void encode(codecs::Codec codec, const float* in, size_t count, uint8_t* out) { codecs::encode(codec, in, count, out); }
+  void decode(codecs::Codec codec, const uint8_t* in, size_t count, float* out) { codecs::decode(codec, in, count, out); }
+  void decodeAdd(codecs::Codec codec, const uint8_t* in, size_t count, float* acc) {
+    codecs::decodeAdd(codec, in, count, acc);
+  }
+  void scale(float* data, size_t count, float factor) {
+    for (size_t i = 0; i < count; ++i) data[i] *= factor;
   }
 
  private:

@@ -9,6 +9,7 @@
 #include "alltoall_schedule.h"
 #include "chain_schedule.h"
 #include "compressed.h"
+#include "compressed_schedule.h"
 #include "queued_steps.h"
 #include "rhd_schedule.h"
 #include "ring_schedule.h"
@@ -278,42 +279,23 @@ void compressedAllreduce(QueuedLink& link, float* data, uint8_t* scratch, size_t
 }
 
 size_t compressedReduceScatterScratchBytes(size_t count, int size, codecs::Codec codec) {
-  return 2 * alignUp(size * codecs::encodedBytes(codec, count));
+  return compressedReduceScatterScratchFor(count, size, codec);
 }
 
 void compressedReduceScatter(QueuedLink& link, const float* in, float* out, uint8_t* scratch, size_t count,
                              codecs::Codec codec, bool average) {
-  const int p = link.size();
-  const int r = link.rank();
-  const size_t each = codecs::encodedBytes(codec, count);
-  uint8_t* encoded = scratch;                       // block i's encoding at i * each
-  uint8_t* received = scratch + alignUp(p * each);  // rank q's encoding of block r at q * each
-  for (int i = 0; i < p; ++i) link.encode(codec, in + i * count, count, encoded + i * each);
-  std::vector<QueuedTransfer> exchange;
-  for (int q = 0; q < p; ++q) {
-    if (q == r) continue;
-    exchange.push_back({Kind::kSend, q, encoded + q * each, each});
-    exchange.push_back({Kind::kRecv, q, received + q * each, each});
-  }
-  if (!exchange.empty()) link.post(exchange, "compressed reduce-scatter (all-to-all)");
-  link.decode(codec, encoded + r * each, count, out);
-  for (int q = 0; q < p; ++q) {
-    if (q != r) link.decodeAdd(codec, received + q * each, count, out);
-  }
-  if (average) link.scale(out, count, 1.0f / static_cast<float>(p));
+  QueuedSteps steps(link, "compressed reduce-scatter");
+  compressedReduceScatterSchedule(steps, in, out, scratch, count, codec, average, 1.0f / static_cast<float>(link.size()));
 }
 
 size_t compressedAllgatherScratchBytes(size_t count, int size, codecs::Codec codec) {
-  return alignUp(size * codecs::encodedBytes(codec, count));
+  return compressedAllgatherScratchFor(count, size, codec);
 }
 
 void compressedAllgather(QueuedLink& link, const float* in, float* out, uint8_t* scratch, size_t count,
                          codecs::Codec codec) {
-  const int p = link.size();
-  const size_t each = codecs::encodedBytes(codec, count);
-  link.encode(codec, in, count, scratch + link.rank() * each);
-  ringAllgather(link, scratch, Segments(each, p, true), 1);
-  for (int i = 0; i < p; ++i) link.decode(codec, scratch + i * each, count, out + i * count);
+  QueuedSteps steps(link, "compressed all-gather");
+  compressedAllgatherSchedule(steps, in, out, scratch, count, codec, 0);
 }
 
 }  // namespace pycomm::algorithms::queued

@@ -1,8 +1,9 @@
 // pycomm's collectives over a stream-ordered link (queued_link.h): what runs on GPUs over NCCL's
-// point-to-point. The ring, rhd, chain broadcast and direct all-to-all are the CPU's own schedules
-// (ring_schedule.h, rhd_schedule.h, chain_schedule.h, alltoall_schedule.h) run by the queued
-// executor (queued_steps.h); the tree and the compressed collectives are still written here, for
-// the link only, mirroring the CPU ones (tree.h, compressed.h) element for element: the same
+// point-to-point. The ring, rhd, chain broadcast, direct all-to-all and the compressed
+// reduce-scatter and all-gather are the CPU's own schedules (ring_schedule.h, rhd_schedule.h,
+// chain_schedule.h, alltoall_schedule.h, compressed_schedule.h) run by the queued executor
+// (queued_steps.h); the tree and the compressed all-reduce are still written here, for the link
+// only, mirroring the CPU ones (tree.h, compressed.h) element for element: the same
 // segments, the same pieces, the same order of reduction. With kernels that match the CPU's bits,
 // a queued all-reduce gives the bits the CPU algorithm of the same name gives.
 //

@@ -2,7 +2,7 @@
 //
 // Sends join the open group at once. Receives are held back (`held_`) until the schedule needs
 // them: arrived(h) adds that receive to the open group and posts the group, because the next
-// kernel reads it; step() and drain() add every held receive and post. A kernel (reduce, copy)
+// kernel reads it; step() and drain() add every held receive and post. A kernel (reduce, copy, codec)
 // posts the open group first, so it runs after the transfers before it, as the schedule wrote.
 //
 // Why receives wait: a CPU schedule posts receives steps ahead of their sends' partners, which is
@@ -72,6 +72,22 @@ class QueuedSteps {
   void copy(void* dst, const void* src, size_t bytes) {
     post();
     if (bytes > 0) link_.copy(dst, src, bytes);
+  }
+  void encode(codecs::Codec codec, const float* in, size_t count, uint8_t* out) {
+    post();
+    link_.encode(codec, in, count, out);
+  }
+  void decode(codecs::Codec codec, const uint8_t* in, size_t count, float* out) {
+    post();
+    link_.decode(codec, in, count, out);
+  }
+  void decodeAdd(codecs::Codec codec, const uint8_t* in, size_t count, float* acc) {
+    post();
+    link_.decodeAdd(codec, in, count, acc);
+  }
+  void scale(float* data, size_t count, float factor) {
+    post();
+    link_.scale(data, count, factor);
   }
 
  private:

@@ -19,6 +19,8 @@
 //   x.phase(what)        names the steps that follow, for errors
 //   x.reduce(dst, src, count, dtype, op)    dst = dst op src elementwise (codecs/reduce.h)
 //   x.copy(dst, src, bytes)
+//   x.encode(codec, in, count, out), x.decode(codec, in, count, out), x.decodeAdd(codec, in, count, acc),
+//   x.scale(data, count, factor)            the codecs of codecs/block_codec.h, and data[i] *= factor
 //   Steps::kReceiveAhead  how many steps ahead a receive may be posted into a scratch area: a
 //                         schedule cycles through that many areas per chunk
 //   Steps::kPipelinesChunks  whether cutting a stretch into chunks buys overlap (else a schedule
