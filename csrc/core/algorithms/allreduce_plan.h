@@ -62,7 +62,8 @@ size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, 
   switch (plan.algorithm) {
     case Algorithm::kTree: return TreeOn<Steps>::scratchBytes(count, plan.chunkElems, dtype);
     case Algorithm::kRhd: return rhdScratchFor(count, dtype);
-    default: return ringScratchFor<Steps>(Segments(count, size), plan.chunkElems, dtype);
+    // Segments(count, size)'s longest, without building it (no allocation on the small-message path).
+    default: return ringScratchFor<Steps>(size > 0 ? (count + size - 1) / size : count, plan.chunkElems, dtype);
   }
 }
 

@@ -44,17 +44,25 @@ inline size_t ringChunkCount(const Segments& segments, size_t chunkElems) {
 }
 
 // The chunk an executor cuts segments with: the caller's on the CPU, whole segments on a link.
+// `longest`: the longest segment's length.
+template <class Steps>
+size_t ringChunkFor(size_t longest, size_t chunkElems) {
+  return Steps::kPipelinesChunks ? chunkWithin(chunkElems, longest) : std::max<size_t>(1, longest);
+}
 template <class Steps>
 size_t ringChunkFor(const Segments& segments, size_t chunkElems) {
-  return Steps::kPipelinesChunks ? chunkWithin(chunkElems, segments.maxLength())
-                                 : std::max<size_t>(1, segments.maxLength());
+  return ringChunkFor<Steps>(segments.maxLength(), chunkElems);
 }
 
 template <class Steps>
+size_t ringScratchFor(size_t longest, size_t chunkElems, DataType dtype) {
+  chunkElems = ringChunkFor<Steps>(longest, chunkElems);
+  const size_t chunks = std::max<size_t>(1, (longest + chunkElems - 1) / chunkElems);  // ringChunkCount's
+  return ReceiveAreas::bytes(Steps::kReceiveAhead, chunks, chunkElems * elementSize(dtype));
+}
+template <class Steps>
 size_t ringScratchFor(const Segments& segments, size_t chunkElems, DataType dtype) {
-  chunkElems = ringChunkFor<Steps>(segments, chunkElems);
-  return ReceiveAreas::bytes(Steps::kReceiveAhead, ringChunkCount(segments, chunkElems),
-                             chunkElems * elementSize(dtype));
+  return ringScratchFor<Steps>(segments.maxLength(), chunkElems, dtype);
 }
 
 // Posts every all-gather receive up front, straight into the caller's buffer. Safe although the
