@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "algorithms/allreduce_plan.h"
 #include "algorithms/binomial.h"
 #include "algorithms/chain.h"
 #include "algorithms/compressed.h"
@@ -11,10 +12,8 @@
 #include "algorithms/direct.h"
 #include "algorithms/hierarchical_compressed.h"
 #include "algorithms/op.h"
-#include "algorithms/rhd.h"
 #include "algorithms/ring.h"
 #include "algorithms/shm_collectives.h"
-#include "algorithms/tree.h"
 #include "checked.h"
 #include "error.h"
 #include "transport/shm/segment_group.h"
@@ -451,11 +450,9 @@ bool Communicator::allreducePieces(const BufferList& pieces, DataType dtype, Red
 void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " allreduce: op ",
                reduceOpName(op), " is not defined for ", dtypeName(dtype));
-  const size_t esize = elementSize(dtype);
-  const size_t nbytes = count * esize;
-  Algorithm algorithm = config_.algorithm;
-  if (algorithm == Algorithm::kAuto) algorithm = algorithms::chooseAllreduce(config_.costModel, nbytes, size());
-  const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
+  const size_t nbytes = count * elementSize(dtype);
+  const algorithms::AllreducePlan plan =
+      algorithms::planAllreduce(config_.algorithm, &config_.costModel, nbytes, size(), dtype, config_.chunkBytes);
   auto* buf = static_cast<uint8_t*>(data);
   const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
   if (runShm(signature, nbytes <= algorithms::kShmShortAllreduceBytes ? "shm-all" : "shm-slices",
@@ -463,27 +460,16 @@ void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp 
     return;
   }
   if (runHierarchical(signature, "hierarchical", [&](Op& cross, const algorithms::HostGrid& host) {
-        hierarchicalAllreduce(cross, host, buf, count, dtype, op, algorithm);
+        hierarchicalAllreduce(cross, host, buf, count, dtype, op, plan.algorithm);
       })) {
     return;
   }
-  runCollective(signature, algorithmName(algorithm), [&](Op& o) {
+  runCollective(signature, algorithmName(plan.algorithm), [&](Op& o) {
     if (size() == 1) return;
-    switch (algorithm) {
-      case Algorithm::kTree:
-        algorithms::treeAllreduce(o, buf, scratch(algorithms::treeScratchBytes(count, chunkElems, dtype)),
-                                  count, dtype, op, chunkElems);
-        break;
-      case Algorithm::kRhd:
-        algorithms::rhdAllreduce(o, buf, scratch(algorithms::rhdScratchBytes(count, dtype)), count, dtype,
-                                 op, nbytes >= algorithms::kRhdHalvingThreshold);
-        break;
-      default: {
-        Segments segments(count, size());
-        uint8_t* tmp = scratch(algorithms::ringScratchBytes(segments, chunkElems, dtype));
-        algorithms::ringAllreduce(o, {buf, tmp}, segments, dtype, op, chunkElems, true);
-      }
-    }
+    algorithms::OpSteps steps(o);
+    algorithms::runAllreduce(
+        steps, plan, buf, scratch(algorithms::allreduceScratchBytes<algorithms::OpSteps>(plan, count, size(), dtype)),
+        count, dtype, op);
   });
 }
 
@@ -670,18 +656,13 @@ void Communicator::hierarchicalAllreduce(Op& cross, const algorithms::HostGrid& 
   Segments slices(count, h.localSize);
   uint8_t* slice = data + slices.offset(h.localRank) * esize;
   const size_t n = slices.length(h.localRank);
-  const size_t chunkElems = std::max<size_t>(1, config_.chunkBytes / esize);
-  if (algorithm == Algorithm::kTree) {
-    algorithms::treeAllreduce(cross, slice, scratch(algorithms::treeScratchBytes(n, chunkElems, dtype)), n, dtype, op,
-                              chunkElems);
-  } else if (algorithm == Algorithm::kRhd) {
-    algorithms::rhdAllreduce(cross, slice, scratch(algorithms::rhdScratchBytes(n, dtype)), n, dtype, op,
-                             n * esize >= algorithms::kRhdHalvingThreshold);
-  } else {
-    Segments segments(n, h.cross->size());
-    algorithms::ringAllreduce(cross, {slice, scratch(algorithms::ringScratchBytes(segments, chunkElems, dtype))},
-                              segments, dtype, op, chunkElems, true);
-  }
+  // The algorithm was planned for the whole op (allreduce()); the rest of the plan is the slice's.
+  const algorithms::AllreducePlan plan = algorithms::planAllreduce(algorithm, nullptr, n * esize, h.cross->size(), dtype,
+                                                                   config_.chunkBytes);
+  algorithms::OpSteps steps(cross);
+  algorithms::runAllreduce(
+      steps, plan, slice,
+      scratch(algorithms::allreduceScratchBytes<algorithms::OpSteps>(plan, n, h.cross->size(), dtype)), n, dtype, op);
   cross.waitAll();
   std::vector<size_t> offsets(h.localSize + 1);
   for (int q = 0; q <= h.localSize; ++q) offsets[q] = (q < h.localSize ? slices.offset(q) : count) * esize;

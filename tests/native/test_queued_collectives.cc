@@ -25,6 +25,7 @@
 #include <mutex>
 #include <random>
 
+#include "core/algorithms/allreduce_plan.h"
 #include "core/algorithms/cost_model.h"
 #include "core/algorithms/queued_collectives.h"
 #include "core/algorithms/queued_stamp.h"
@@ -541,6 +542,44 @@ void checkStamps(int size) {
               missing.empty() ? "not reported" : missing);
   EXPECT_TRUE(verdict(1, base, QueuedStamp{}, false).empty(), "a stamp missing after a timeout was reported");
 }
+
+// The device path's entry (allreduce_plan.h): planned with no cost model, auto is the ring; a named
+// algorithm passes through; and queued::allreduce of the plan gives the CPU communicator's bits for
+// the same algorithm and chunk size.
+void checkPlannedAllreduce(int size) {
+  const size_t chunkBytes = 4096;
+  EXPECT_TRUE(algorithms::planAllreduce(Algorithm::kAuto, nullptr, 1 << 20, size, DataType::kFloat32, chunkBytes)
+                      .algorithm == Algorithm::kRing,
+              "auto with no cost model is not the ring");
+  const CostModel model;
+  for (size_t nbytes : {size_t{0}, size_t{4096}, size_t{1} << 20, size_t{1} << 28}) {
+    EXPECT_TRUE(algorithms::planAllreduce(Algorithm::kAuto, &model, nbytes, size, DataType::kFloat32, chunkBytes)
+                        .algorithm == algorithms::chooseAllreduce(model, nbytes, size),
+                "auto with a cost model is not the model's choice at ", nbytes, " B");
+  }
+  EXPECT_TRUE(algorithms::planAllreduce(Algorithm::kRing, nullptr, 0, size, DataType::kFloat64, 1).chunkElems == 1,
+              "a chunk below one element is not one element");
+  for (Algorithm algorithm : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) {
+    MemoryStore store;
+    auto comms = cpuGroup(size, store, algorithm, chunkBytes);
+    for (size_t count : kCounts) {
+      HostFabric fabric(std::chrono::seconds(20));
+      runRanks(size, [&](int r) {
+        HostLink link(fabric, r, size);
+        const auto plan = algorithms::planAllreduce(algorithm, nullptr, count * sizeof(float), size,
+                                                    DataType::kFloat32, chunkBytes);
+        EXPECT_TRUE(plan.algorithm == algorithm, "the plan changed ", algorithmName(algorithm));
+        std::vector<float> mine = randomFloats(r, count, 3), cpu = mine;
+        std::vector<uint8_t> scratch(algorithms::queued::allreduceScratchBytes(plan, count, size, DataType::kFloat32));
+        algorithms::queued::allreduce(link, plan, reinterpret_cast<uint8_t*>(mine.data()), scratch.data(), count,
+                                      DataType::kFloat32, ReduceOp::kSum);
+        comms[r]->allreduce(cpu.data(), count, DataType::kFloat32, ReduceOp::kSum);
+        EXPECT_TRUE(sameBits(mine, cpu), "planned ", algorithmName(algorithm), " differs from the CPU's: world ", size,
+                    " count ", count, " rank ", r);
+      });
+    }
+  }
+}
 }  // namespace
 
 int main() {
@@ -552,6 +591,7 @@ int main() {
     checkBroadcast(size);
     checkAlltoall(size);
     checkStamps(size);
+    checkPlannedAllreduce(size);
   }
   for (int size = 1; size <= 7; ++size) {
     checkCompressed(size);

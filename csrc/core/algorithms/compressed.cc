@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "direct.h"
-#include "ring.h"
+#include "compressed_schedule.h"
+#include "op_steps.h"
 
 namespace pycomm::algorithms {
 namespace {
@@ -16,29 +16,6 @@ Segments encodedLayout(const Segments& segments, int p, codecs::Codec codec) {
   std::vector<size_t> offsets(p + 1, 0);
   for (int i = 0; i < p; ++i) offsets[i + 1] = offsets[i] + codecs::encodedBytes(codec, segments.length(i));
   return Segments(std::move(offsets));
-}
-
-// Encodes every segment, all-to-all's the encodings, and sums this rank's segment in fp32 into acc:
-// own contribution first, then the others in rank order (the same order on every rank).
-void reduceScatterEncoded(Op& op, const float* in, const Segments& segments, codecs::Codec codec,
-                          uint8_t* encoded, const Segments& layout, uint8_t* received, float* acc) {
-  const int p = op.size();
-  const int r = op.rank();
-  for (int i = 0; i < p; ++i) codecs::encode(codec, in + segments.offset(i), segments.length(i), encoded + layout.offset(i));
-  const size_t mine = layout.length(r);
-  std::vector<size_t> sendOffsets(p), sendBytes(p), recvOffsets(p), recvBytes(p);
-  for (int q = 0; q < p; ++q) {
-    sendOffsets[q] = layout.offset(q);
-    sendBytes[q] = layout.length(q);
-    recvOffsets[q] = q * mine;
-    recvBytes[q] = mine;
-  }
-  directAlltoall(op, encoded, sendOffsets, sendBytes, received, recvOffsets, recvBytes);
-  const size_t n = segments.length(r);
-  codecs::decode(codec, received + r * mine, n, acc);
-  for (int q = 0; q < p; ++q) {
-    if (q != r) codecs::decodeAdd(codec, received + q * mine, n, acc);
-  }
 }
 
 void scale(float* data, size_t n, float factor) {
@@ -195,29 +172,16 @@ void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, 
 
 void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
                              bool average, float factor, std::vector<uint8_t>& scratch) {
-  const int p = op.size();
-  const int r = op.rank();
-  Segments segments(count, p, true);
-  Segments layout = encodedLayout(segments, p, codec);
-  const size_t total = layout.offset(p);
-  const size_t mine = layout.length(r);
-  scratch.resize(alignUp(total) + alignUp(p * mine) + 64);
-  uint8_t* encoded = scratch.data();
-  uint8_t* received = encoded + alignUp(total);
-  reduceScatterEncoded(op, in, segments, codec, encoded, layout, received, out);
-  if (average) scale(out, count, factor);
+  scratch.resize(compressedReduceScatterScratchFor(count, op.size(), codec));
+  OpSteps steps(op);
+  compressedReduceScatterSchedule(steps, in, out, scratch.data(), count, codec, average, factor);
 }
 
 void compressedAllgather(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
                          size_t chunkBytes, std::vector<uint8_t>& scratch) {
-  const int p = op.size();
-  const int r = op.rank();
-  const size_t each = codecs::encodedBytes(codec, count);
-  scratch.resize(alignUp(each * p) + 64);
-  uint8_t* encoded = scratch.data();
-  codecs::encode(codec, in, count, encoded + r * each);
-  ringAllgather(op, encoded, Segments(each, p, true), 1, chunkBytes);
-  for (int i = 0; i < p; ++i) codecs::decode(codec, encoded + i * each, count, out + i * count);
+  scratch.resize(compressedAllgatherScratchFor(count, op.size(), codec));
+  OpSteps steps(op);
+  compressedAllgatherSchedule(steps, in, out, scratch.data(), count, codec, chunkBytes);
 }
 
 }  // namespace pycomm::algorithms

@@ -7,6 +7,7 @@
 // hop by hop, as a plain fp16 ring does, would round p-1 times and let the error grow with p.
 //
 // Reduce-scatter is the first half (one rounding: the sum stays fp32); all-gather encodes once.
+// Those two are compressed_schedule.h's, run here by the CPU executor.
 #pragma once
 
 #include <functional>

@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#include "alltoall_schedule.h"
+#include "op_steps.h"
+
 namespace pycomm::algorithms {
 
 void directGather(Op& op, const uint8_t* in, uint8_t* out, size_t nbytes, int root) {
@@ -44,19 +47,8 @@ void directScatter(Op& op, const uint8_t* in, uint8_t* out, size_t nbytes, int r
 void directAlltoall(Op& op, const uint8_t* in, const std::vector<size_t>& sendOffsets,
                     const std::vector<size_t>& sendBytes, uint8_t* out,
                     const std::vector<size_t>& recvOffsets, const std::vector<size_t>& recvBytes) {
-  const int p = op.size();
-  const int r = op.rank();
-  for (int i = 1; i < p; ++i) {
-    const int peer = (r - i + p) % p;
-    op.recv(peer, 0, out + recvOffsets[peer], recvBytes[peer]);
-  }
-  // Start with the next rank, so that not every rank sends to rank 0 first.
-  for (int i = 1; i < p; ++i) {
-    const int peer = (r + i) % p;
-    op.send(peer, 0, in + sendOffsets[peer], sendBytes[peer]);
-  }
-  if (recvBytes[r] > 0) std::memmove(out + recvOffsets[r], in + sendOffsets[r], recvBytes[r]);
-  op.waitAll();
+  OpSteps steps(op);
+  directAlltoallSchedule(steps, in, sendOffsets, sendBytes, out, recvOffsets, recvBytes);
 }
 
 void disseminationBarrier(Op& op) {

@@ -5,16 +5,20 @@
 #include <vector>
 
 #include "../error.h"
+#include "allreduce_plan.h"
+#include "alltoall_schedule.h"
+#include "chain_schedule.h"
 #include "compressed.h"
-#include "rhd.h"
+#include "compressed_schedule.h"
+#include "queued_steps.h"
+#include "rhd_schedule.h"
+#include "ring_schedule.h"
 #include "tree.h"
 
 namespace pycomm::algorithms::queued {
 namespace {
 
 using Kind = QueuedTransfer::Kind;
-
-int mod(int a, int p) { return ((a % p) + p) % p; }
 
 size_t alignUp(size_t n) { return (n + 63) & ~size_t{63}; }
 
@@ -50,138 +54,41 @@ std::vector<int> treeDepths(int size, int tree) {
 }  // namespace
 
 size_t ringScratchBytes(const Segments& segments, DataType dtype) {
-  return std::max<size_t>(segments.maxLength(), 1) * elementSize(dtype) + 16;  // + alignedLike()'s room
+  return ringScratchFor<QueuedSteps>(segments, 0, dtype);
 }
 
 void ringReduceScatter(QueuedLink& link, uint8_t* data, uint8_t* scratch, const Segments& segments, DataType dtype,
                        ReduceOp op) {
-  const int p = link.size();
-  const int r = link.rank();
-  const int left = mod(r - 1, p), right = mod(r + 1, p);
-  const size_t esize = elementSize(dtype);
-  auto segment = [&](int seg) { return data + segments.offset(seg) * esize; };
-  // Step s sends segment r-1-s (reduced at step s-1) and adds segment r-2-s from the left into ours,
-  // as dst = dst op incoming: the CPU ring's order. After p-1 steps segment r is complete.
-  for (int s = 0; s < p - 1; ++s) {
-    const int out = mod(r - 1 - s, p), in = mod(r - 2 - s, p);
-    uint8_t* incoming = alignedLike(scratch, segment(in));
-    link.post({{Kind::kSend, right, segment(out), segments.length(out) * esize},
-               {Kind::kRecv, left, incoming, segments.length(in) * esize}},
-              "ring reduce-scatter");
-    link.reduce(segment(in), incoming, segments.length(in), dtype, op);
-  }
+  QueuedSteps steps(link, "ring reduce-scatter");
+  ringAllreduceSchedule(steps, data, scratch, segments, dtype, op, 0, false);
 }
 
 void ringAllgather(QueuedLink& link, uint8_t* data, const Segments& segments, size_t elementBytes) {
-  const int p = link.size();
-  const int r = link.rank();
-  const int left = mod(r - 1, p), right = mod(r + 1, p);
-  auto segment = [&](int seg) { return data + segments.offset(seg) * elementBytes; };
-  for (int s = 0; s < p - 1; ++s) {
-    const int out = mod(r - s, p), in = mod(r - 1 - s, p);
-    link.post({{Kind::kSend, right, segment(out), segments.length(out) * elementBytes},
-               {Kind::kRecv, left, segment(in), segments.length(in) * elementBytes}},
-              "ring all-gather");
-  }
+  QueuedSteps steps(link, "ring all-gather");
+  ringAllgatherSchedule(steps, data, segments, elementBytes, ringChunkFor<QueuedSteps>(segments, 0));
 }
 
 void ringAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op) {
   if (link.size() == 1 || count == 0) return;
   const Segments segments(count, link.size());
-  ringReduceScatter(link, data, scratch, segments, dtype, op);
-  ringAllgather(link, data, segments, elementSize(dtype));
+  QueuedSteps steps(link, "ring all-reduce");
+  ringAllreduceSchedule(steps, data, scratch, segments, dtype, op, 0, true);
 }
 
-size_t rhdScratchBytes(size_t count, DataType dtype) {
-  return std::max<size_t>(count, 1) * elementSize(dtype) + 16;  // + alignedLike()'s room
-}
+size_t rhdScratchBytes(size_t count, DataType dtype) { return rhdScratchFor(count, dtype); }
 
 void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
                   bool halving) {
-  const int p = link.size();
-  if (p == 1 || count == 0) return;
-  const int r = link.rank();
-  const size_t esize = elementSize(dtype);
-  const RhdRanks ranks(r, p);
-  const int q = ranks.q, vrank = ranks.vrank;
-  uint8_t* incoming = alignedLike(scratch, data);
-
-  // Fold-in: of each pair that folds (RhdRanks), the even rank hands its vector to the odd one.
-  if (ranks.folds(r)) {
-    if (vrank < 0) {
-      link.post({{Kind::kSend, r + 1, data, count * esize}}, "rhd fold-in");
-    } else {
-      link.post({{Kind::kRecv, r - 1, incoming, count * esize}}, "rhd fold-in");
-      link.reduce(data, incoming, count, dtype, op);
-    }
-  }
-
-  if (vrank >= 0 && !halving) {
-    for (int mask = 1; mask < q; mask <<= 1) {
-      const int partner = ranks.realRank(vrank ^ mask);
-      link.post({{Kind::kRecv, partner, incoming, count * esize}, {Kind::kSend, partner, data, count * esize}},
-                "rhd exchange");
-      // The lower virtual rank's vector first, so both partners get the same bits.
-      if ((vrank & mask) == 0) {
-        link.reduce(data, incoming, count, dtype, op);
-      } else {
-        link.reduce(incoming, data, count, dtype, op);
-        link.copy(data, incoming, count * esize);
-      }
-    }
-  } else if (vrank >= 0) {
-    const Segments segments(count, q);
-    int lo = 0, hi = q;  // the window of segments this rank is responsible for
-    for (int mask = q / 2; mask >= 1; mask >>= 1) {  // recursive halving: keep our own segment's half
-      const int partner = ranks.realRank(vrank ^ mask);
-      const RhdHalves h = rhdHalve(lo, hi, (vrank & mask) != 0);
-      const size_t keepOff = segments.offset(h.keepLo), keepLen = segments.offset(h.keepHi) - keepOff;
-      const size_t sendOff = segments.offset(h.sendLo), sendLen = segments.offset(h.sendHi) - sendOff;
-      uint8_t* kept = data + keepOff * esize;
-      uint8_t* got = alignedLike(scratch, kept);
-      link.post({{Kind::kRecv, partner, got, keepLen * esize},
-                 {Kind::kSend, partner, data + sendOff * esize, sendLen * esize}},
-                "rhd halving");
-      link.reduce(kept, got, keepLen, dtype, op);
-      lo = h.keepLo;
-      hi = h.keepHi;
-    }
-    for (int mask = 1; mask < q; mask <<= 1) {  // recursive doubling: swap windows with the partner
-      const int partner = ranks.realRank(vrank ^ mask);
-      const auto [otherLo, otherHi] = rhdPartnerWindow(lo, hi, (vrank & mask) != 0);
-      const size_t myOff = segments.offset(lo), myLen = segments.offset(hi) - myOff;
-      const size_t otherOff = segments.offset(otherLo), otherLen = segments.offset(otherHi) - otherOff;
-      link.post({{Kind::kRecv, partner, data + otherOff * esize, otherLen * esize},
-                 {Kind::kSend, partner, data + myOff * esize, myLen * esize}},
-                "rhd doubling");
-      lo = std::min(lo, otherLo);
-      hi = std::max(hi, otherHi);
-    }
-  }
-  // Fold-out: the result back to the ranks that sat out.
-  if (ranks.folds(r)) {
-    if (vrank < 0) {
-      link.post({{Kind::kRecv, r + 1, data, count * esize}}, "rhd fold-out");
-    } else {
-      link.post({{Kind::kSend, r - 1, data, count * esize}}, "rhd fold-out");
-    }
-  }
+  if (link.size() == 1 || count == 0) return;
+  QueuedSteps steps(link, "rhd all-reduce");
+  rhdAllreduceSchedule(steps, data, scratch, count, dtype, op, halving);
 }
 
 void directAlltoall(QueuedLink& link, const uint8_t* in, const std::vector<size_t>& sendOffsets,
                     const std::vector<size_t>& sendBytes, uint8_t* out, const std::vector<size_t>& recvOffsets,
                     const std::vector<size_t>& recvBytes) {
-  const int p = link.size();
-  const int r = link.rank();
-  std::vector<QueuedTransfer> group;
-  group.reserve(2 * static_cast<size_t>(p));
-  for (int i = 1; i < p; ++i) {  // peers in the order r+1, r+2, ...: each rank starts with a different one
-    const int q = mod(r + i, p);
-    group.push_back({Kind::kRecv, q, out + recvOffsets[q], recvBytes[q]});
-    group.push_back({Kind::kSend, q, const_cast<uint8_t*>(in + sendOffsets[q]), sendBytes[q]});
-  }
-  if (!group.empty()) link.post(group, "all-to-all");
-  link.copy(out + recvOffsets[r], in + sendOffsets[r], recvBytes[r]);
+  QueuedSteps steps(link, "all-to-all");
+  directAlltoallSchedule(steps, in, sendOffsets, sendBytes, out, recvOffsets, recvBytes);
 }
 
 size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype) {
@@ -272,28 +179,24 @@ void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t cou
   }
 }
 
+size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, DataType dtype) {
+  return algorithms::allreduceScratchBytes<QueuedSteps>(plan, count, size, dtype);
+}
+
+void allreduce(QueuedLink& link, const AllreducePlan& plan, uint8_t* data, uint8_t* scratch, size_t count,
+               DataType dtype, ReduceOp op) {
+  if (link.size() == 1 || count == 0) return;
+  QueuedSteps steps(link, "all-reduce");
+  runAllreduce(steps, plan, data, scratch, count, dtype, op);
+}
+
 void chainBroadcast(QueuedLink& link, uint8_t* data, size_t bytes, int root, size_t chunkBytes) {
   const int p = link.size();
   PYCOMM_CHECK(root >= 0 && root < p, InvalidUsageError, "broadcast root ", root, " outside a group of ", p);
   if (p == 1 || bytes == 0) return;
   PYCOMM_CHECK(chunkBytes > 0, InvalidUsageError, "broadcast chunk size must be positive");
-  const int position = mod(link.rank() - root, p);  // place in the chain root, root+1, ...
-  const int prev = mod(link.rank() - 1, p), next = mod(link.rank() + 1, p);
-  const bool receives = position > 0, forwards = position < p - 1;
-  const size_t chunks = (bytes + chunkBytes - 1) / chunkBytes;
-  auto chunk = [&](size_t c) { return data + c * chunkBytes; };
-  auto length = [&](size_t c) { return std::min(chunkBytes, bytes - c * chunkBytes); };
-  // Step `position + c` receives chunk c and forwards chunk c-1, so that the previous rank's step,
-  // which forwards chunk c, has the same index.
-  for (size_t step = 0; step < chunks + p - 1; ++step) {
-    const long c = static_cast<long>(step) - position;
-    std::vector<QueuedTransfer> group;
-    if (receives && c >= 0 && static_cast<size_t>(c) < chunks) group.push_back({Kind::kRecv, prev, chunk(c), length(c)});
-    if (forwards && c >= 1 && static_cast<size_t>(c) <= chunks) {
-      group.push_back({Kind::kSend, next, chunk(c - 1), length(c - 1)});
-    }
-    if (!group.empty()) link.post(group, "chain broadcast");
-  }
+  QueuedSteps steps(link, "chain broadcast");
+  chainBroadcastSchedule(steps, data, bytes, root, chunkBytes);
 }
 
 namespace {
@@ -376,42 +279,36 @@ void compressedAllreduce(QueuedLink& link, float* data, uint8_t* scratch, size_t
 }
 
 size_t compressedReduceScatterScratchBytes(size_t count, int size, codecs::Codec codec) {
-  return 2 * alignUp(size * codecs::encodedBytes(codec, count));
+  return compressedReduceScatterScratchFor(count, size, codec);
 }
 
 void compressedReduceScatter(QueuedLink& link, const float* in, float* out, uint8_t* scratch, size_t count,
                              codecs::Codec codec, bool average) {
-  const int p = link.size();
-  const int r = link.rank();
-  const size_t each = codecs::encodedBytes(codec, count);
-  uint8_t* encoded = scratch;                       // block i's encoding at i * each
-  uint8_t* received = scratch + alignUp(p * each);  // rank q's encoding of block r at q * each
-  for (int i = 0; i < p; ++i) link.encode(codec, in + i * count, count, encoded + i * each);
-  std::vector<QueuedTransfer> exchange;
-  for (int q = 0; q < p; ++q) {
-    if (q == r) continue;
-    exchange.push_back({Kind::kSend, q, encoded + q * each, each});
-    exchange.push_back({Kind::kRecv, q, received + q * each, each});
-  }
-  if (!exchange.empty()) link.post(exchange, "compressed reduce-scatter (all-to-all)");
-  link.decode(codec, encoded + r * each, count, out);
-  for (int q = 0; q < p; ++q) {
-    if (q != r) link.decodeAdd(codec, received + q * each, count, out);
-  }
-  if (average) link.scale(out, count, 1.0f / static_cast<float>(p));
+  QueuedSteps steps(link, "compressed reduce-scatter");
+  compressedReduceScatterSchedule(steps, in, out, scratch, count, codec, average, 1.0f / static_cast<float>(link.size()));
 }
 
 size_t compressedAllgatherScratchBytes(size_t count, int size, codecs::Codec codec) {
-  return alignUp(size * codecs::encodedBytes(codec, count));
+  return compressedAllgatherScratchFor(count, size, codec);
 }
 
 void compressedAllgather(QueuedLink& link, const float* in, float* out, uint8_t* scratch, size_t count,
                          codecs::Codec codec) {
-  const int p = link.size();
-  const size_t each = codecs::encodedBytes(codec, count);
-  link.encode(codec, in, count, scratch + link.rank() * each);
-  ringAllgather(link, scratch, Segments(each, p, true), 1);
-  for (int i = 0; i < p; ++i) link.decode(codec, scratch + i * each, count, out + i * count);
+  QueuedSteps steps(link, "compressed all-gather");
+  compressedAllgatherSchedule(steps, in, out, scratch, count, codec, 0);
 }
 
 }  // namespace pycomm::algorithms::queued
+
+namespace pycomm::algorithms {
+
+size_t TreeOn<QueuedSteps>::scratchBytes(size_t count, size_t chunkElems, DataType dtype) {
+  return queued::treeScratchBytes(count, chunkElems, dtype);
+}
+
+void TreeOn<QueuedSteps>::run(QueuedSteps& x, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype,
+                              ReduceOp op, size_t chunkElems) {
+  queued::treeAllreduce(x.link(), data, scratch, count, dtype, op, chunkElems);
+}
+
+}  // namespace pycomm::algorithms

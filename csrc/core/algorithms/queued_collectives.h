@@ -1,17 +1,21 @@
-// pycomm's schedules over a stream-ordered link (queued_link.h): what runs on GPUs over NCCL's
-// point-to-point. They mirror the CPU schedules (ring.h, tree.h, chain.h, compressed.h) element for
-// element: the same segments, the same pieces, the same order of reduction. With kernels that match
-// the CPU's bits, a queued all-reduce gives the bits the CPU algorithm of the same name gives.
+// pycomm's collectives over a stream-ordered link (queued_link.h): what runs on GPUs over NCCL's
+// point-to-point. The ring, rhd, chain broadcast, direct all-to-all and the compressed
+// reduce-scatter and all-gather are the CPU's own schedules (ring_schedule.h, rhd_schedule.h,
+// chain_schedule.h, alltoall_schedule.h, compressed_schedule.h) run by the queued executor
+// (queued_steps.h); the tree and the compressed all-reduce are still written here, for the link
+// only, mirroring the CPU ones (tree.h, compressed.h) element for element: the same
+// segments, the same pieces, the same order of reduction. With kernels that match the CPU's bits,
+// a queued all-reduce gives the bits the CPU algorithm of the same name gives.
 //
 // Everything is posted to the link; nothing waits on the host. Every rank posts the same sequence
 // of steps, and a step's group pairs only with the same step's groups on other ranks, so the
-// schedules cannot deadlock whatever the link's buffering. Scratch is the caller's (nothing here
-// allocates); the sizes come from the *ScratchBytes functions.
+// schedules cannot deadlock whatever the link's buffering. Scratch is the caller's, its sizes from
+// the *ScratchBytes functions; the host side keeps only the transfer lists of the groups.
 //
-// Differences from the CPU versions, all about overlap, none about results: a link runs its groups
-// and kernels one after another, so the ring does not cut segments into chunks (reduction and
-// transfer would not overlap anyway); the tree keeps its chunks, which lets the levels of a tree work
-// on different chunks at once.
+// Differences from the CPU runs, all about overlap, none about results: a link runs its groups and
+// kernels one after another, so the ring does not cut segments into chunks (reduction and transfer
+// would not overlap anyway); the tree keeps its chunks, which lets the levels of a tree work on
+// different chunks at once.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +24,7 @@
 
 #include "../codecs/block_codec.h"
 #include "../dtype.h"
+#include "allreduce_plan.h"
 #include "op.h"
 #include "queued_link.h"
 
@@ -34,6 +39,12 @@ void ringReduceScatter(QueuedLink& link, uint8_t* data, uint8_t* scratch, const 
 void ringAllgather(QueuedLink& link, uint8_t* data, const Segments& segments, size_t elementBytes);
 // Reduce-scatter then all-gather over Segments(count, p): the CPU ring's result.
 void ringAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op);
+
+// The all-reduce allreduce_plan.h planned (planAllreduce with no cost model on a link): the
+// algorithm's bits are the CPU's for the same plan.
+size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, DataType dtype);
+void allreduce(QueuedLink& link, const AllreducePlan& plan, uint8_t* data, uint8_t* scratch, size_t count,
+               DataType dtype, ReduceOp op);
 
 size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype);
 // The double binary tree of tree.h: each half reduced up its tree in chunks of chunkElems and sent

@@ -1,11 +1,5 @@
-// Ring schedules: reduce-scatter, all-gather, and all-reduce as the first followed by the second.
-//
-// The buffer is cut into one segment per rank and each segment into chunks of `chunkElems`. At step s
-// a rank sends segment (rank-1-s) to its right neighbour and receives segment (rank-2-s) from its
-// left, chunk by chunk: as soon as chunk c of a step is reduced it goes out as chunk c of the next
-// step, so reduction, sending and receiving of successive chunks overlap. After p-1 steps each rank
-// owns segment `rank` fully reduced; the all-gather then passes the owned segments around the ring,
-// received straight into the caller's buffer.
+// Ring reduce-scatter, all-gather, and all-reduce (the first followed by the second) on the CPU:
+// the schedule of ring_schedule.h run by the CPU executor (op_steps.h), chunks pipelined.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +7,7 @@
 
 #include "../dtype.h"
 #include "op.h"
+#include "ring_schedule.h"
 
 namespace pycomm::algorithms {
 
@@ -21,7 +16,6 @@ struct RingBuffers {
   uint8_t* scratch;     // at least ringScratchBytes(...) bytes
 };
 
-size_t ringChunkCount(const Segments& segments, size_t chunkElems);
 size_t ringScratchBytes(const Segments& segments, size_t chunkElems, DataType dtype);
 
 // Reduce-scatter and then (if `allgather`) all-gather over the ring. Slots [0, 2(p-1)C) are used.

@@ -1,0 +1,87 @@
+// The one place that decides how an uncompressed all-reduce runs over a transport of point-to-point
+// transfers, and the one dispatch that runs the decision on either executor (steps.h).
+//
+//   requested algorithm --(auto: cost_model.h's alpha-beta model)--> ring | tree | rhd
+//   rhd's mode: whole-vector recursive doubling below kRhdHalvingThreshold bytes, halving above
+//   chunk: the group's chunk bytes in elements (the pipelining grain of the CPU ring and the tree)
+//
+// The communicator plans with its measured cost model; the device path (NCCL, csrc/torch) plans
+// with none, where auto means the ring, until GPU costs are measured. Whether shared memory or the
+// two-level (hierarchical) route is taken comes before this, from what the group has set up
+// (communicator.cc); the cross-host step of the hierarchical route runs this plan too.
+#pragma once
+
+#include <cstddef>
+
+#include "../config.h"
+#include "../dtype.h"
+#include "cost_model.h"
+#include "op_steps.h"
+#include "queued_steps.h"
+#include "rhd_schedule.h"
+#include "ring_schedule.h"
+
+namespace pycomm::algorithms {
+
+struct AllreducePlan {
+  Algorithm algorithm;  // kRing, kTree or kRhd, never kAuto
+  size_t chunkElems;    // at least 1
+};
+
+// `model`: the costs auto chooses by, or nullptr where none were measured (auto is then the ring).
+// `nbytes` and `size`: the whole op's, which the choice is made for.
+AllreducePlan planAllreduce(Algorithm requested, const CostModel* model, size_t nbytes, int size, DataType dtype,
+                            size_t chunkBytes);
+
+// rhd's mode for an all-reduce of `count` elements: the same rule on every executor, so a queued
+// rhd gives the CPU rhd's bits.
+inline bool rhdHalvingFor(size_t count, DataType dtype) {
+  return count * elementSize(dtype) >= kRhdHalvingThreshold;
+}
+
+// The tree is not yet written against the step interface: each executor runs its own schedule
+// (tree.h on the CPU, queued_collectives.h on a link), behind this one face.
+template <class Steps>
+struct TreeOn;
+template <>
+struct TreeOn<OpSteps> {
+  static size_t scratchBytes(size_t count, size_t chunkElems, DataType dtype);
+  static void run(OpSteps& x, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
+                  size_t chunkElems);
+};
+template <>
+struct TreeOn<QueuedSteps> {
+  static size_t scratchBytes(size_t count, size_t chunkElems, DataType dtype);
+  static void run(QueuedSteps& x, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
+                  size_t chunkElems);
+};
+
+// Scratch bytes runAllreduce needs for `count` elements over `size` ranks.
+template <class Steps>
+size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, DataType dtype) {
+  switch (plan.algorithm) {
+    case Algorithm::kTree: return TreeOn<Steps>::scratchBytes(count, plan.chunkElems, dtype);
+    case Algorithm::kRhd: return rhdScratchFor(count, dtype);
+    // Segments(count, size)'s longest, without building it (no allocation on the small-message path).
+    default: return ringScratchFor<Steps>(size > 0 ? (count + size - 1) / size : count, plan.chunkElems, dtype);
+  }
+}
+
+// The planned all-reduce of `count` elements in place in `data`.
+template <class Steps>
+void runAllreduce(Steps& x, const AllreducePlan& plan, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype,
+                  ReduceOp op) {
+  if (x.size() == 1) return;
+  switch (plan.algorithm) {
+    case Algorithm::kTree:
+      TreeOn<Steps>::run(x, data, scratch, count, dtype, op, plan.chunkElems);
+      break;
+    case Algorithm::kRhd:
+      rhdAllreduceSchedule(x, data, scratch, count, dtype, op, rhdHalvingFor(count, dtype));
+      break;
+    default:
+      ringAllreduceSchedule(x, data, scratch, Segments(count, x.size()), dtype, op, plan.chunkElems, true);
+  }
+}
+
+}  // namespace pycomm::algorithms
