@@ -77,6 +77,7 @@ Communicator::Communicator(const Config& config, Store& store)
       prefix_(strCat("[rank ", config.rank, "/", config.size, "]")),
       logger_(config.logLevel, strCat("[rank ", config.rank, "/", config.size, " group ",
                                       config.groupName.empty() ? "default" : config.groupName, "]")),
+      ledger_(prefix_),
       timeoutMs_(config_.timeout.count()) {
   PYCOMM_CHECK(config.size >= 1 && config.rank >= 0 && config.rank < config.size, InvalidUsageError,
                "invalid rank ", config.rank, " for a group of ", config.size);
@@ -90,8 +91,8 @@ Communicator::Communicator(const Config& config, Store& store)
   options.linger = config.tcpLinger;
   options.unexpectedBytes = config.unexpectedBytes;
   options.logger = logger_;
-  auto tcp = std::make_unique<transport::tcp::TcpTransport>(options, store);
-  tcp_ = tcp.get();
+  auto tcp = std::make_unique<transport::tcp::TcpTransport>(options, store, ledger_);
+  links_ = tcp.get();
   transport_ = std::move(tcp);
   if (config.transport != TransportKind::kTcp && config.size > 1) setupSharedMemory(store);
   tasks_ = TaskQueue::start(prefix_, "collective", logger_);
@@ -114,7 +115,7 @@ std::chrono::milliseconds clampTimeout(std::chrono::milliseconds timeout) {
 void Communicator::setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(clampTimeout(timeout).count()); }
 
 void Communicator::rejectCollective(const std::string& message) {
-  // No beginOp: frames the peers already sent for this op must not turn this rank's report into
+  // No ledger_.begin: frames the peers already sent for this op must not turn this rank's report into
   // a mismatch message, since the reason is the input, which the peers should read.
   const uint64_t seq = ++seq_;
   // The peers may be in a step of this op in shared memory, which this rank never joins: their
@@ -123,8 +124,9 @@ void Communicator::rejectCollective(const std::string& message) {
     group->abandon(seq + 1);
     shmBroken_ = true;
   }
+  ledger_.recordOwnFailure(seq, message);
   transport_->reportFailure(seq, message);
-  transport_->retire(seq, false);
+  ledger_.retire(seq, false);
 }
 
 void Communicator::setupSharedMemory(Store& store) {
@@ -241,19 +243,19 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
         },
         [&](const algorithms::ShmGroup& g) {
           for (int q = 0; q < groupSize; ++q) {
-            if (q != groupRank) tcp_->attachRings(groupMembers[q], g.ring(groupRank, q), g.ring(q, groupRank), g.memory());
+            if (q != groupRank) links_->attachRings(groupMembers[q], g.ring(groupRank, q), g.ring(q, groupRank), g.memory());
           }
         },
         [&] {
           runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0), "dissemination",
                         [&](Op& o) {
-                          Op sub(barrierOver, o.seq(), o.signature(), o.context(), o.deadline(), timeout());
+                          Op sub(barrierOver, ledger_, o.seq(), o.signature(), o.context(), o.deadline(), timeout());
                           algorithms::disseminationBarrier(sub);
                         });
         },
         groupMembers);
     for (int q = 0; q < groupSize; ++q) {
-      if (q != groupRank) tcp_->moveToSharedMemory(groupMembers[q]);
+      if (q != groupRank) links_->moveToSharedMemory(groupMembers[q]);
     }
     return group;
   };
@@ -297,7 +299,7 @@ bool Communicator::runShm(OpSignature signature, const char* algorithm, Body bod
 
 algorithms::ShmWait Communicator::shmWait(const Op& o) {
   return algorithms::ShmWait{o.deadline(), o.context(), [this](int q) { return transport_->peerFailure(q); }, o.seq(),
-                             [this](uint64_t seq) { return transport_->peerReportedFailure(seq); }};
+                             [this](uint64_t seq) { return ledger_.failure(seq); }};
 }
 
 algorithms::ShmGroup* Communicator::localGroup() const {
@@ -367,9 +369,9 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   std::string context = prefix_;
   context.append(" ").append(transport::opKindName(signature.kind)).append("/").append(algorithm);
   context.append(" ").append(transportName).append(" seq=").append(std::to_string(seq));
-  Op op(*transport_, seq, signature, std::move(context), start + timeout(), timeout());
+  Op op(*transport_, ledger_, seq, signature, std::move(context), start + timeout(), timeout());
   try {
-    transport_->beginOp(seq, signature);
+    ledger_.begin(seq, signature);
     announce(op, viaShm);
     body(op);
     op.finish();
@@ -379,7 +381,7 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   }
   // This op completed everywhere it could; an earlier one that had completed here failed on a
   // peer. Raise that now, after this op, so the ranks stay in step and every rank hears of it.
-  if (std::string late = transport_->takeLateFailure(); !late.empty()) throw RemoteError(late);
+  if (std::string late = ledger_.takeLateFailure(); !late.empty()) throw RemoteError(late);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
   static const char* const kCodecs[] = {"", "/fp16", "/bf16", "/fp8_e4m3", "/fp8_e5m2"};
   record(std::string(transport::opKindName(signature.kind)).append(kCodecs[signature.codec <= 4 ? signature.codec : 0]),
@@ -423,11 +425,11 @@ std::map<std::string, Communicator::OpStats> Communicator::stats() const {
     out = stats_;
   }
   // Frame bytes (headers included) by the path they took; shared-memory collectives add to neither.
-  out["transport/socket"].bytesSent = tcp_->socketBytesSent();
-  out["transport/socket"].bytesReceived = tcp_->socketBytesReceived();
-  out["transport/shm_ring"].bytesSent = tcp_->ringBytesSent();
+  out["transport/socket"].bytesSent = links_->socketBytesSent();
+  out["transport/socket"].bytesReceived = links_->socketBytesReceived();
+  out["transport/shm_ring"].bytesSent = links_->ringBytesSent();
   // Of the socket bytes received, those the op's own thread read while it waited.
-  out["transport/socket_by_waiter"].bytesReceived = tcp_->callerBytesReceived();
+  out["transport/socket_by_waiter"].bytesReceived = links_->callerBytesReceived();
   return out;
 }
 
@@ -635,8 +637,8 @@ bool Communicator::runHierarchical(OpSignature signature, const char* algorithm,
   runCollective(signature, algorithm, [&](Op& o) {
     Hierarchy& h = *hierarchy_;
     const algorithms::ShmWait wait = shmWait(o);
-    // Same signature as the whole op: frames of one seq must all agree (TcpTransport::beginOp).
-    Op cross(*h.cross, o.seq(), o.signature(), o.context() + " (across hosts)", o.deadline(), timeout());
+    // Same signature as the whole op: frames of one seq must all agree (OpLedger::begin).
+    Op cross(*h.cross, ledger_, o.seq(), o.signature(), o.context() + " (across hosts)", o.deadline(), timeout());
     try {
       body(cross, algorithms::HostGrid{*h.local, wait, o.signature(), h.grid});
       cross.waitAll();
