@@ -80,6 +80,7 @@ Communicator::Communicator(const Config& config, Store& store)
       prefix_(strCat("[rank ", config.rank, "/", config.size, "]")),
       logger_(config.logLevel, strCat("[rank ", config.rank, "/", config.size, " group ",
                                       config.groupName.empty() ? "default" : config.groupName, "]")),
+      ledger_(prefix_),
       timeoutMs_(config_.timeout.count()) {
   PYCOMM_CHECK(config.size >= 1 && config.rank >= 0 && config.rank < config.size, InvalidUsageError,
                "invalid rank ", config.rank, " for a group of ", config.size);
@@ -93,8 +94,8 @@ Communicator::Communicator(const Config& config, Store& store)
   options.linger = config.tcpLinger;
   options.unexpectedBytes = config.unexpectedBytes;
   options.logger = logger_;
-  auto tcp = std::make_unique<transport::tcp::TcpTransport>(options, store);
-  tcp_ = tcp.get();
+  auto tcp = std::make_unique<transport::tcp::TcpTransport>(options, store, ledger_);
+  links_ = tcp.get();
   transport_ = std::move(tcp);
   if (config.transport != TransportKind::kTcp && config.size > 1) setupSharedMemory(store);
   tasks_ = TaskQueue::start(prefix_, "collective", logger_);
@@ -117,7 +118,7 @@ std::chrono::milliseconds clampTimeout(std::chrono::milliseconds timeout) {
 void Communicator::setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(clampTimeout(timeout).count()); }
 
 void Communicator::rejectCollective(const std::string& message) {
-  // No beginOp: frames the peers already sent for this op must not turn this rank's report into
+  // No ledger_.begin: frames the peers already sent for this op must not turn this rank's report into
   // a mismatch message, since the reason is the input, which the peers should read.
   const uint64_t seq = ++seq_;
   // The peers may be in a step of this op in shared memory, which this rank never joins: their
@@ -126,8 +127,9 @@ void Communicator::rejectCollective(const std::string& message) {
     group->abandon(seq + 1);
     shmBroken_ = true;
   }
+  ledger_.recordOwnFailure(seq, message);
   transport_->reportFailure(seq, message);
-  transport_->retire(seq, false);
+  ledger_.retire(seq, false);
 }
 
 void Communicator::setupSharedMemory(Store& store) {
@@ -244,19 +246,19 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
         },
         [&](const transport::shm::SegmentGroup& g) {
           for (int q = 0; q < groupSize; ++q) {
-            if (q != groupRank) tcp_->attachRings(groupMembers[q], g.ring(groupRank, q), g.ring(q, groupRank), g.memory());
+            if (q != groupRank) links_->attachRings(groupMembers[q], g.ring(groupRank, q), g.ring(q, groupRank), g.memory());
           }
         },
         [&] {
           runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0), "dissemination",
                         [&](Op& o) {
-                          Op sub(barrierOver, o.seq(), o.signature(), o.context(), o.deadline(), timeout());
+                          Op sub(barrierOver, ledger_, o.seq(), o.signature(), o.context(), o.deadline(), timeout());
                           algorithms::disseminationBarrier(sub);
                         });
         },
         groupMembers);
     for (int q = 0; q < groupSize; ++q) {
-      if (q != groupRank) tcp_->moveToSharedMemory(groupMembers[q]);
+      if (q != groupRank) links_->moveToSharedMemory(groupMembers[q]);
     }
     return group;
   };
@@ -300,7 +302,7 @@ bool Communicator::runShm(OpSignature signature, const char* algorithm, Body bod
 
 StepWait Communicator::shmWait(const Op& o) {
   return StepWait{o.deadline(), o.context(), [this](int q) { return transport_->peerFailure(q); }, o.seq(),
-                  [this](uint64_t seq) { return transport_->peerReportedFailure(seq); }};
+                  [this](uint64_t seq) { return ledger_.failure(seq); }};
 }
 
 transport::shm::Group* Communicator::localGroup() const {
@@ -370,9 +372,9 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   std::string context = prefix_;
   context.append(" ").append(transport::opKindName(signature.kind)).append("/").append(algorithm);
   context.append(" ").append(transportName).append(" seq=").append(std::to_string(seq));
-  Op op(*transport_, seq, signature, std::move(context), start + timeout(), timeout());
+  Op op(*transport_, ledger_, seq, signature, std::move(context), start + timeout(), timeout());
   try {
-    transport_->beginOp(seq, signature);
+    ledger_.begin(seq, signature);
     announce(op, viaShm);
     body(op);
     op.finish();
@@ -382,7 +384,7 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   }
   // This op completed everywhere it could; an earlier one that had completed here failed on a
   // peer. Raise that now, after this op, so the ranks stay in step and every rank hears of it.
-  if (std::string late = transport_->takeLateFailure(); !late.empty()) throw RemoteError(late);
+  if (std::string late = ledger_.takeLateFailure(); !late.empty()) throw RemoteError(late);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
   static const char* const kCodecs[] = {"", "/fp16", "/bf16", "/fp8_e4m3", "/fp8_e5m2"};
   record(std::string(transport::opKindName(signature.kind)).append(kCodecs[signature.codec <= 4 ? signature.codec : 0]),
@@ -426,11 +428,11 @@ std::map<std::string, Communicator::OpStats> Communicator::stats() const {
     out = stats_;
   }
   // Frame bytes (headers included) by the path they took; shared-memory collectives add to neither.
-  out["transport/socket"].bytesSent = tcp_->socketBytesSent();
-  out["transport/socket"].bytesReceived = tcp_->socketBytesReceived();
-  out["transport/shm_ring"].bytesSent = tcp_->ringBytesSent();
+  out["transport/socket"].bytesSent = links_->socketBytesSent();
+  out["transport/socket"].bytesReceived = links_->socketBytesReceived();
+  out["transport/shm_ring"].bytesSent = links_->ringBytesSent();
   // Of the socket bytes received, those the op's own thread read while it waited.
-  out["transport/socket_by_waiter"].bytesReceived = tcp_->callerBytesReceived();
+  out["transport/socket_by_waiter"].bytesReceived = links_->callerBytesReceived();
   return out;
 }
 
@@ -626,8 +628,8 @@ bool Communicator::runHierarchical(OpSignature signature, const char* algorithm,
   runCollective(signature, algorithm, [&](Op& o) {
     Hierarchy& h = *hierarchy_;
     const StepWait wait = shmWait(o);
-    // Same signature as the whole op: frames of one seq must all agree (TcpTransport::beginOp).
-    Op cross(*h.cross, o.seq(), o.signature(), o.context() + " (across hosts)", o.deadline(), timeout());
+    // Same signature as the whole op: frames of one seq must all agree (OpLedger::begin).
+    Op cross(*h.cross, ledger_, o.seq(), o.signature(), o.context() + " (across hosts)", o.deadline(), timeout());
     try {
       body(cross, algorithms::HostGrid{*h.local, wait, o.signature(), h.grid});
       cross.waitAll();

@@ -23,6 +23,8 @@
 #include "dtype.h"
 #include "store.h"
 #include "task_queue.h"
+#include "op_ledger.h"
+#include "transport/ring_links.h"
 #include "transport/shm/group.h"
 #include "transport/transport.h"
 
@@ -30,10 +32,6 @@ namespace pycomm::algorithms {
 class Op;
 struct HostGrid;
 }  // namespace pycomm::algorithms
-
-namespace pycomm::transport::tcp {
-class TcpTransport;
-}
 
 namespace pycomm {
 
@@ -180,8 +178,9 @@ class Communicator {
   Config config_;
   const std::string prefix_;  // "[rank r/p]": errors start with it; made once, ops are hot
   Logger logger_;
+  OpLedger ledger_;  // the fate of each collective; outlives transport_, which reads it
   std::unique_ptr<transport::Transport> transport_;
-  transport::tcp::TcpTransport* tcp_ = nullptr;  // transport_, for moving same-host peers to rings
+  transport::RingLinks* links_ = nullptr;  // transport_, for moving same-host peers to rings
   std::unique_ptr<transport::shm::Group> shm_;  // ranks all on one host; null otherwise
   // Several hosts with the same number of ranks each: shared memory among this host's ranks, and
   // a view of the group with the ranks of the same local index on every host.

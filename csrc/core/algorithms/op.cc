@@ -4,9 +4,10 @@
 
 namespace pycomm::algorithms {
 
-Op::Op(Transport& transport, uint64_t seq, OpSignature signature, std::string context,
+Op::Op(Transport& transport, OpLedger& ledger, uint64_t seq, OpSignature signature, std::string context,
        Clock::time_point deadline, std::chrono::milliseconds timeout)
     : transport_(transport),
+      ledger_(ledger),
       seq_(seq),
       signature_(signature),
       context_(std::move(context)),
@@ -49,11 +50,12 @@ void Op::waitAll() {
 
 void Op::finish() {
   waitAll();
-  if (std::string failure = transport_.peerReportedFailure(seq_); !failure.empty()) throw RemoteError(failure);
-  transport_.retire(seq_, true);
+  if (std::string failure = ledger_.failure(seq_); !failure.empty()) throw RemoteError(failure);
+  ledger_.retire(seq_, true);
 }
 
 void Op::fail(const std::string& message) {
+  ledger_.recordOwnFailure(seq_, message);
   transport_.reportFailure(seq_, message);
   // Give in-flight transfers a moment to land before their buffers go back to the caller.
   const auto detachDeadline = Clock::now() + std::chrono::seconds(5);
@@ -61,7 +63,7 @@ void Op::fail(const std::string& message) {
     if (!transport_.cancel(r, detachDeadline)) break;  // the transport aborted itself
   }
   requests_.clear();
-  transport_.retire(seq_, false);
+  ledger_.retire(seq_, false);
 }
 
 Segments::Segments(size_t count, int parts) : offsets_(parts + 1) {

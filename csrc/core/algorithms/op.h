@@ -2,8 +2,9 @@
 // deadline every wait shares, and the sends and receives it posted. Algorithms are written against
 // this class and the transport interface only.
 //
-// If an algorithm throws, the communicator calls fail(): peers are told (so they fail too instead of
-// waiting), every request still pending is detached from its buffer, and late frames are dropped.
+// If an algorithm throws, the communicator calls fail(): the op's failure is recorded in the
+// communicator's op ledger, peers are told (so they fail too instead of waiting), every request
+// still pending is detached from its buffer, and late frames are dropped (the op is retired).
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "../dtype.h"
+#include "../op_ledger.h"
 #include "../transport/transport.h"
 
 namespace pycomm::algorithms {
@@ -23,7 +25,8 @@ using transport::Transport;
 
 class Op {
  public:
-  Op(Transport& transport, uint64_t seq, OpSignature signature, std::string context,
+  // `ledger` is the communicator's: the same for an op and its sub-ops over views of the group.
+  Op(Transport& transport, OpLedger& ledger, uint64_t seq, OpSignature signature, std::string context,
      Clock::time_point deadline, std::chrono::milliseconds timeout);
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
@@ -34,6 +37,7 @@ class Op {
   uint64_t seq() const { return seq_; }
   Clock::time_point deadline() const { return deadline_; }
   const OpSignature& signature() const { return signature_; }
+  OpLedger& ledger() const { return ledger_; }
 
   std::shared_ptr<Request> send(int peer, uint32_t slot, const void* data, size_t nbytes);
   std::shared_ptr<Request> recv(int peer, uint32_t slot, void* data, size_t nbytes);
@@ -41,7 +45,8 @@ class Op {
   // Waits for every request posted so far.
   void waitAll();
 
-  // Called after the algorithm returned: waits for what is still pending and retires the op.
+  // Called after the algorithm returned: waits for what is still pending, fails if a peer reported
+  // the op failed there, and retires the op.
   void finish();
   uint64_t bytesSent() const { return bytesSent_; }
   uint64_t bytesReceived() const { return bytesReceived_; }
@@ -58,6 +63,7 @@ class Op {
   transport::FrameInfo info(uint32_t slot) const;
 
   Transport& transport_;
+  OpLedger& ledger_;
   const uint64_t seq_;
   const OpSignature signature_;
   const std::string context_;

@@ -88,4 +88,13 @@ std::string validateHeader(const FrameHeader& h) {
   return {};
 }
 
+std::string describeFrame(const FrameHeader& h) {
+  return strCat(h.kind == static_cast<uint8_t>(FrameKind::kError)                ? "error"
+                : h.kind == static_cast<uint8_t>(FrameKind::kMoveToSharedMemory) ? "move to shared memory"
+                                                                                 : "data",
+                h.channel == static_cast<uint8_t>(Channel::kP2P) ? " p2p tag=" : " seq=", h.seq,
+                " slot=", h.slot, " op=", opKindName(static_cast<OpKind>(h.opKind)), " count=", h.count,
+                " bytes=", h.nbytes);
+}
+
 }  // namespace pycomm::transport

@@ -90,6 +90,8 @@ OpSignature signatureOf(const FrameHeader& header);
 // 0 and for a byte that names no codec).
 uint8_t signatureCodec(std::optional<codecs::Codec> codec);
 std::optional<codecs::Codec> codecOfSignature(uint8_t codec);
+// The header in words, for traces and errors: "data seq=3 slot=1 op=allreduce count=8 bytes=32".
+std::string describeFrame(const FrameHeader& header);
 // Empty string if the header is well formed, otherwise why not.
 std::string validateHeader(const FrameHeader& header);
 

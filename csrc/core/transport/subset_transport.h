@@ -32,10 +32,6 @@ class SubsetTransport final : public Transport {
     return base_.cancel(request, deadline);
   }
   void reportFailure(uint64_t seq, const std::string& message) override { base_.reportFailure(seq, message); }
-  void beginOp(uint64_t seq, const OpSignature& signature) override { base_.beginOp(seq, signature); }
-  std::string takeLateFailure() override { return base_.takeLateFailure(); }
-  std::string peerReportedFailure(uint64_t seq) override { return base_.peerReportedFailure(seq); }
-  void retire(uint64_t seq, bool succeeded) override { base_.retire(seq, succeeded); }
   std::exception_ptr peerFailure(int peer) override { return base_.peerFailure(members_.at(peer)); }
   void abort(const std::string& reason) override { base_.abort(reason); }
 

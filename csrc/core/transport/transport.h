@@ -51,24 +51,10 @@ class Transport {
   // if that was impossible before `deadline`; the transport has then been aborted.
   virtual bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) = 0;
 
-  // Tells every peer that collective `seq` failed here, so they fail it too instead of waiting.
+  // Tells every peer that collective `seq` failed here with `message`, so they fail it too instead
+  // of waiting (a frame after those of the op already queued to each peer). What this rank itself
+  // knows of the op's fate is the communicator's op ledger's (op_ledger.h), not the transport's.
   virtual void reportFailure(uint64_t seq, const std::string& message) = 0;
-
-  // Collective `seq` starts here with `signature`: from now on a frame of that seq that says
-  // otherwise fails it at once, whatever slot it is for. Throws if a frame that already arrived
-  // disagrees.
-  virtual void beginOp(uint64_t seq, const OpSignature& signature) = 0;
-
-  // A peer's report that an op which had already completed on this rank failed there (a rank whose
-  // part was only to send, say); empty if none. Taken once.
-  virtual std::string takeLateFailure() = 0;
-
-  // A peer's report that collective `seq` failed there, or empty. An op whose own transfers all
-  // completed still fails when a peer says so (it may have been the only rank that saw a mismatch).
-  virtual std::string peerReportedFailure(uint64_t seq) = 0;
-
-  // Collective `seq` is over on this rank (and every one before it): late frames for it are dropped.
-  virtual void retire(uint64_t seq, bool succeeded) = 0;
 
   // The error that ended the connection to `peer`, or null while it is alive.
   virtual std::exception_ptr peerFailure(int peer) = 0;
