@@ -439,19 +439,39 @@ std::map<std::string, Communicator::OpStats> Communicator::stats() const {
 // ---------------------------------------------------------------------------------------------
 // Collectives
 
-bool Communicator::allreducePieces(const BufferList& pieces, DataType dtype, ReduceOp op) {
-  PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " allreduce: op ",
-               reduceOpName(op), " is not defined for ", dtypeName(dtype));
-  const size_t count = pieces.bytes() / elementSize(dtype);
-  const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
-  return runShm(signature,
-                pieces.bytes() <= algorithms::kShmShortAllreduceBytes ? "shm-all-in-place" : "shm-slices-in-place",
-                [&](const StepWait& w) { algorithms::shmAllreduce(*shm_, pieces, count, dtype, op, signature, w); });
+void Communicator::checkReducible(const ReduceSpec& spec, DataType dtype, const char* what) {
+  const std::string error = reduceSpecError(spec, dtype);
+  PYCOMM_CHECK_OP(error.empty(), prefix(), " ", what, ": ", error);
 }
 
-void Communicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " allreduce: op ",
-               reduceOpName(op), " is not defined for ", dtypeName(dtype));
+bool Communicator::allreducePieces(const std::vector<BufferList::Piece>& pieces, DataType dtype,
+                                   const ReduceSpec& spec) {
+  checkReducible(spec, dtype, "allreduce");
+  // Asked before the pre-scale, which writes the pieces: a declined bucket is packed and scaled
+  // by the caller's allreduce.
+  if (!allreducesInSharedMemory()) return false;
+  const size_t esize = elementSize(dtype);
+  for (const auto& piece : pieces) applyPreScale(spec, piece.data, piece.bytes / esize, dtype);
+  const BufferList list(pieces);
+  const size_t count = list.bytes() / esize;
+  const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, spec.op, -1, count);
+  const bool ran = runShm(signature,
+                          list.bytes() <= algorithms::kShmShortAllreduceBytes ? "shm-all-in-place"
+                                                                              : "shm-slices-in-place",
+                          [&](const StepWait& w) { algorithms::shmAllreduce(*shm_, list, count, dtype, spec.op, signature, w); });
+  PYCOMM_CHECK(ran, InternalError, prefix(), " allreduce: shared memory declined a bucket it had accepted");
+  for (const auto& piece : pieces) applyAverage(spec, piece.data, piece.bytes / esize, dtype, size());
+  return true;
+}
+
+void Communicator::allreduce(void* data, size_t count, DataType dtype, const ReduceSpec& spec) {
+  checkReducible(spec, dtype, "allreduce");
+  applyPreScale(spec, data, count, dtype);
+  allreduceOp(data, count, dtype, spec.op);
+  applyAverage(spec, data, count, dtype, size());
+}
+
+void Communicator::allreduceOp(void* data, size_t count, DataType dtype, ReduceOp op) {
   const size_t nbytes = count * elementSize(dtype);
   const algorithms::AllreducePlan plan =
       algorithms::planAllreduce(config_.algorithm, &config_.costModel, nbytes, size(), dtype, config_.chunkBytes);
@@ -496,10 +516,23 @@ void Communicator::broadcast(void* data, size_t count, DataType dtype, int root)
                 });
 }
 
-void Communicator::reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) {
+void Communicator::reduce(void* data, size_t count, DataType dtype, const ReduceSpec& spec, int root) {
   PYCOMM_CHECK_OP(root >= 0 && root < size(), prefix(), " reduce: invalid root ", root);
-  PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " reduce: op ",
-               reduceOpName(op), " is not defined for ", dtypeName(dtype));
+  checkReducible(spec, dtype, "reduce");
+  if (spec.preScale) {
+    // A scaled copy, so that a non-root rank's input stays as it was.
+    const size_t bytes = checkedMul(count, elementSize(dtype), strCat(prefix(), " reduce: bytes"));
+    std::vector<uint8_t> scaled(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
+    applyPreScale(spec, scaled.data(), count, dtype);
+    reduceOp(scaled.data(), count, dtype, spec.op, root);
+    if (rank() == root && bytes > 0) std::memcpy(data, scaled.data(), bytes);
+  } else {
+    reduceOp(data, count, dtype, spec.op, root);
+  }
+  if (rank() == root) applyAverage(spec, data, count, dtype, size());
+}
+
+void Communicator::reduceOp(void* data, size_t count, DataType dtype, ReduceOp op, int root) {
   const size_t esize = elementSize(dtype);
   const size_t bytes = count * esize;
   const bool shortMessage = bytes <= kShortMessageBytes;
@@ -554,9 +587,22 @@ void Communicator::allgather(const void* in, void* out, size_t count, DataType d
   });
 }
 
-void Communicator::reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
-  PYCOMM_CHECK_OP(supportsReduce(dtype, op), prefix(), " reduce_scatter: op ",
-               reduceOpName(op), " is not defined for ", dtypeName(dtype));
+void Communicator::reduceScatter(const void* in, void* out, size_t count, DataType dtype, const ReduceSpec& spec) {
+  checkReducible(spec, dtype, "reduce_scatter");
+  if (spec.preScale) {
+    // A scaled copy: the caller's input is left as it was.
+    const size_t n = checkedMul(count, static_cast<size_t>(size()), strCat(prefix(), " reduce_scatter: elements"));
+    const size_t bytes = checkedMul(n, elementSize(dtype), strCat(prefix(), " reduce_scatter: bytes"));
+    std::vector<uint8_t> scaled(static_cast<const uint8_t*>(in), static_cast<const uint8_t*>(in) + bytes);
+    applyPreScale(spec, scaled.data(), n, dtype);
+    reduceScatterOp(scaled.data(), out, count, dtype, spec.op);
+  } else {
+    reduceScatterOp(in, out, count, dtype, spec.op);
+  }
+  applyAverage(spec, out, count, dtype, size());
+}
+
+void Communicator::reduceScatterOp(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
   const OpSignature signature = makeSignature(OpKind::kReduceScatter, dtype, op, -1, count);
   if (runShm(signature, "shm", [&](const StepWait& w) {
         algorithms::shmReduceScatter(*shm_, in, out, count, dtype, op, signature, w);

@@ -21,6 +21,7 @@
 #include "codecs/block_codec.h"
 #include "config.h"
 #include "dtype.h"
+#include "reduce_spec.h"
 #include "store.h"
 #include "task_queue.h"
 #include "op_ledger.h"
@@ -95,20 +96,24 @@ class Communicator {
   uint64_t sequenceNumber() const { return seq_.load(); }
 
   // Collectives. Blocking; call them from an enqueued task so every rank runs them in one order.
-  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op);
+  // The reducing ones take a ReduceSpec (reduce_spec.h): PREMUL_SUM's factor scales the inputs
+  // (this rank's `data` in place where the op writes its result there, a copy otherwise) and AVG
+  // divides the result by size(), as torch computes both.
+  void allreduce(void* data, size_t count, DataType dtype, const ReduceSpec& spec);
   // All-reduces a buffer in pieces (a bucket of tensors) without packing it, when this group's
-  // ranks share one host's memory; returns false, having done nothing, when they do not (then the
-  // caller packs the pieces and calls allreduce).
-  bool allreducePieces(const BufferList& pieces, DataType dtype, ReduceOp op);
+  // ranks share one host's memory; returns false, having done nothing (not even the pre-scale),
+  // when they do not (then the caller packs the pieces and calls allreduce). The pieces may not
+  // overlap.
+  bool allreducePieces(const std::vector<BufferList::Piece>& pieces, DataType dtype, const ReduceSpec& spec);
   // Whether allreducePieces runs now. Worker thread (tasks) only, like the ops.
   bool allreducesInSharedMemory() { return shm_ && sharedMemoryFor(seq_.load() + 1); }
   void broadcast(void* data, size_t count, DataType dtype, int root);
   // The reduction lands in `data` at `root`; other ranks' `data` is left unchanged.
-  void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root);
+  void reduce(void* data, size_t count, DataType dtype, const ReduceSpec& spec, int root);
   // out holds size() * count elements, rank i's at i * count.
   void allgather(const void* in, void* out, size_t count, DataType dtype);
-  // in holds size() * count elements; this rank's reduced block lands in out.
-  void reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op);
+  // in holds size() * count elements (left as they were); this rank's reduced block lands in out.
+  void reduceScatter(const void* in, void* out, size_t count, DataType dtype, const ReduceSpec& spec);
   void gather(const void* in, void* out, size_t count, DataType dtype, int root);
   void scatter(const void* in, void* out, size_t count, DataType dtype, int root);
   // Counts and offsets in elements, one per peer.
@@ -170,6 +175,12 @@ class Communicator {
   // among the ranks of this local index); returns false, having done nothing, without a hierarchy.
   template <typename Body>
   bool runHierarchical(transport::OpSignature signature, const char* algorithm, Body body);
+  // The plain-op bodies of the reducing collectives, which the public ones wrap in the spec.
+  void allreduceOp(void* data, size_t count, DataType dtype, ReduceOp op);
+  void reduceOp(void* data, size_t count, DataType dtype, ReduceOp op, int root);
+  void reduceScatterOp(const void* in, void* out, size_t count, DataType dtype, ReduceOp op);
+  // PYCOMM_CHECK_OP that `spec` can reduce `dtype`, naming `what`.
+  void checkReducible(const ReduceSpec& spec, DataType dtype, const char* what);
   void hierarchicalAllreduce(algorithms::Op& cross, const algorithms::HostGrid& host, uint8_t* data, size_t count,
                              DataType dtype, ReduceOp op, Algorithm algorithm);
   uint8_t* scratch(size_t bytes);

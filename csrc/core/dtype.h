@@ -21,8 +21,9 @@ enum class DataType : uint8_t {
   kCount,  // not a type: the number of types
 };
 
-// The core knows SUM, PRODUCT, MIN, MAX and the bitwise ops. AVG and PREMUL_SUM are SUM with a scale
-// applied before or after (scaleBuffer), so the reduction kernels stay one per (dtype, op).
+// The core knows SUM, PRODUCT, MIN, MAX and the bitwise ops. AVG and PREMUL_SUM are SUM with a
+// division after or a scale before (ReduceSpec, reduce_spec.h), so the reduction kernels stay one
+// per (dtype, op).
 enum class ReduceOp : uint8_t {
   kSum = 0,
   kProduct,

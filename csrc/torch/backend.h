@@ -1,5 +1,6 @@
-// pycomm as a c10d::Backend. Each override validates its tensors, maps them to (pointer, count,
-// dtype), queues the core call on the communicator's worker and returns a Work. Algorithm choice,
+// pycomm as a c10d::Backend. Each collective override makes its op's descriptor (collective_op.h)
+// and dispatches it: one path checks and maps the tensors, picks the route (CPU, staged, NCCL),
+// queues the core call on the communicator's worker and returns a Work. Algorithm choice,
 // chunking and error detection live in the core.
 #pragma once
 
@@ -11,17 +12,19 @@
 #include <optional>
 #include <vector>
 
-#include "core/algorithms/queued_link.h"
-#include "core/algorithms/queued_stamp.h"
+#include "collective_op.h"
 #include "core/communicator.h"
 #include "device_staging.h"
 #include "work.h"
 
 namespace pycomm::cuda {
-class NcclComm;  // csrc/cuda/nccl_comm.h, in CUDA builds only
+class NcclComm;   // csrc/cuda/nccl_comm.h, in CUDA builds only
+class NcclRoute;  // csrc/cuda/nccl_route.h, in CUDA builds only
 }
 
 namespace pycomm::torch_adapter {
+
+class BucketedAllreduce;  // bucketed_allreduce.h
 
 class PycommBackend final : public ::c10d::Backend {
  public:
@@ -96,75 +99,43 @@ class PycommBackend final : public ::c10d::Backend {
   void abort() override;
 
  private:
-  // A strong reference for a queued task that calls back into this backend: the group may be
-  // destroyed (even from a completion callback) while the task still waits in the queue.
-  c10::intrusive_ptr<PycommBackend> selfRef() { return c10::intrusive_ptr<PycommBackend>::reclaim_copy(this); }
-  // Called by a collective override whose validation threw `error` (its function-try-block, after
-  // its OverrideScope closed): if the outermost override submitted nothing and the op was for the
-  // CPU transports (not NCCL), this rank's next collective is rejected with the error
-  // (Communicator::rejectCollective), so the peers fail their op at once instead of waiting for
-  // this rank, and sequence numbers stay in step. The override then rethrows.
+  // The one path of every collective (collective_op.h says which steps it takes). A check that
+  // fails before the op was queued, on an op for the CPU transports, is told to the peers
+  // (rejectOnPeers) before the error is rethrown.
+  c10::intrusive_ptr<::c10d::Work> dispatch(std::shared_ptr<CollectiveOp> op);
+  // This rank's next collective is rejected with `error` (Communicator::rejectCollective), so the
+  // peers fail their op at once instead of waiting for this rank, and sequence numbers stay in step.
   void rejectOnPeers(const std::exception& error);
-  // Queues `body` on the worker; the Work completes with its outcome. `outputs` feed the future.
-  // `inlineOk`: the caller waits at once (a synchronous op), so the op may run on its thread.
-  c10::intrusive_ptr<PycommWork> submit(::c10d::OpType opType, const char* title,
-                                        std::vector<at::Tensor> outputs, std::function<void()> body,
-                                        bool inlineOk = false);
-  c10::intrusive_ptr<PycommWork> submitNested(::c10d::OpType opType, const char* title,
-                                              std::vector<std::vector<at::Tensor>> outputs,
-                                              std::function<void()> body);
-  void enqueueWork(const c10::intrusive_ptr<PycommWork>& work, std::function<void()> body, bool inlineOk,
-                   std::shared_ptr<DeviceStaging> staging);
-  // Device tensors: a staging on the group's communication stream for `device`. runStaged runs the
-  // op's CPU form (`cpuOp`, on the host stand-ins) and the Work it submits adopts the staging.
+  // Queues `task` on the worker; the Work completes with its outcome. A synchronous op
+  // (op.inlineOk()) with no staging may run on the caller's thread.
+  c10::intrusive_ptr<PycommWork> submit(const CollectiveOp& op, std::function<void()> task,
+                                        std::shared_ptr<DeviceStaging> staging);
+  // Device tensors: a staging on the group's communication stream for `device`.
   std::shared_ptr<DeviceStaging> beginStaging(c10::Device device);
-  c10::intrusive_ptr<::c10d::Work> runStaged(std::shared_ptr<DeviceStaging> staging,
-                                             const std::function<c10::intrusive_ptr<::c10d::Work>()>& cpuOp);
-  // The group's NCCL communicator for collectives on `device`, or null when they are staged. The
-  // first call decides for the whole group (collective: every rank's first all-reduce, compressed
-  // all-reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor or all_to_all_single of a
-  // CUDA tensor calls it at the same point of its sequence): NCCL when every rank can load it and
-  // has a GPU of its own, staging otherwise. Needs a CUDA build; null in a CPU one.
+  // The group's NCCL communicator for collectives on `device`, or null when they are staged
+  // (cuda/nccl_route.h). Needs a CUDA build; null in a CPU one.
   std::shared_ptr<cuda::NcclComm> ncclFor(c10::Device device);
-  // A collective on CUDA tensors run by `body` over the group's NCCL link (a queued schedule on the
-  // communication stream, which is current while it runs): ordered after the caller's stream,
-  // waited for by the worker with the group's timeout, and the Work orders the caller's stream after
-  // it like a staged op's. `output` is the future's value; `inputs` are kept alive for the stream.
-  // `stamp` says what the op is: the ranks' stamps are exchanged ahead of the schedule and compared
-  // after it (core/algorithms/queued_stamp.h), so ranks that run different ops fail saying so.
-  c10::intrusive_ptr<::c10d::Work> submitOnDevice(::c10d::OpType opType, const char* title, const at::Tensor& output,
-                                                  const std::vector<at::Tensor>& inputs,
-                                                  std::shared_ptr<cuda::NcclComm> nccl,
-                                                  const algorithms::QueuedStamp& stamp,
-                                                  std::function<void(algorithms::QueuedLink& link)> body);
+  // The worker's task running `op` over `nccl`, on the staging's communication stream (current
+  // while it runs): ordered after the caller's stream, waited for with the group's timeout, its
+  // stamp exchanged ahead of the schedule and compared after it, so ranks that run different ops
+  // fail saying so.
+  std::function<void()> deviceTask(std::shared_ptr<CollectiveOp> op, std::shared_ptr<cuda::NcclComm> nccl,
+                                   std::shared_ptr<DeviceStaging> staging);
+  // A send or receive's Work joins an open coalescing block.
+  void joinCoalescing(const c10::intrusive_ptr<PycommWork>& work);
   // A receive, posted at once like a send; `anyPeer`: srcRank is Transport::kAnyPeer.
   c10::intrusive_ptr<::c10d::Work> postReceive(std::vector<at::Tensor>& tensors, int srcRank, int tag, bool anyPeer);
-  void allreduceNow(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
-  // SUM of a sparse COO tensor over the group, written back into it (nnz may change).
-  void allreduceSparseNow(const at::Tensor& tensor);
-  // A coalesced bucket of one dtype all-reduced in place, unpacked, when the group's ranks share
-  // memory; false (nothing done) otherwise.
-  bool allreducePiecesNow(const std::vector<at::Tensor>& bucket, const ::c10d::ReduceOp& op);
-  // A flat tensor of `nbytes` for a coalesced bucket of `type`: kept for the group's life (at most
-  // bucket_bytes per dtype), so a bucket's copies do not fault in fresh pages every call. Used by
-  // tasks only, which run one at a time.
-  at::Tensor bucketStaging(at::ScalarType type, size_t nbytes);
-  // The group's codec if `t` and `op` qualify for compression (fp32, SUM or AVG).
-  std::optional<codecs::Codec> compressionFor(const at::Tensor& t, const ::c10d::ReduceOp* op) const;
 
   std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<BucketedAllreduce> buckets_;
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<PycommWork>> coalesced_;
-  std::map<at::ScalarType, at::Tensor> bucketStaging_;
   std::mutex streamsMutex_;
   std::map<c10::DeviceIndex, c10::Stream> commStreams_;
   // The rendezvous store, kept for the NCCL communicator's setup (made at the first CUDA collective).
   c10::intrusive_ptr<::c10d::Store> store_;
-  std::mutex deviceRouteMutex_;
-  bool deviceRouteDecided_ = false;
-  std::exception_ptr deviceRouteError_;
-  std::shared_ptr<cuda::NcclComm> nccl_;  // null: CUDA collectives are staged; set once (atomic_store)
+  std::shared_ptr<cuda::NcclRoute> ncclRoute_;  // CUDA builds only
 };
 
 }  // namespace pycomm::torch_adapter

@@ -35,29 +35,6 @@ void DeviceStaging::recordUse(const at::Tensor& deviceTensor) {
   }
 }
 
-std::vector<at::Tensor> DeviceStaging::stage(const std::vector<at::Tensor>& deviceTensors, bool read,
-                                             bool write) {
-  std::vector<at::Tensor> hosts;
-  hosts.reserve(deviceTensors.size());
-  for (const auto& t : deviceTensors) hosts.push_back(stage(t, read, write));
-  return hosts;
-}
-
-std::vector<std::vector<at::Tensor>> DeviceStaging::stage(
-    const std::vector<std::vector<at::Tensor>>& deviceTensors, bool read, bool write) {
-  std::vector<std::vector<at::Tensor>> hosts;
-  hosts.reserve(deviceTensors.size());
-  for (const auto& list : deviceTensors) hosts.push_back(stage(list, read, write));
-  return hosts;
-}
-
-at::Tensor DeviceStaging::deviceFor(const at::Tensor& host) const {
-  for (const auto& e : entries_) {
-    if (e.host.is_same(host)) return e.device;
-  }
-  return host;
-}
-
 void DeviceStaging::copyIn() {
   // The copies are not part of any autograd graph: a leaf that requires grad (a parameter being
   // broadcast) may be written, and the host copy must not record a backward node.

@@ -42,14 +42,9 @@ class DeviceStaging {
   // A contiguous pinned host tensor shaped like `deviceTensor`; `read`: filled from it by copyIn,
   // `write`: copied back to it by copyOut.
   at::Tensor stage(const at::Tensor& deviceTensor, bool read, bool write);
-  std::vector<at::Tensor> stage(const std::vector<at::Tensor>& deviceTensors, bool read, bool write);
-  std::vector<std::vector<at::Tensor>> stage(const std::vector<std::vector<at::Tensor>>& deviceTensors,
-                                             bool read, bool write);
   // A device tensor the op uses on the communication stream directly (no stand-in): the caching
   // allocator is told, as for staged ones.
   void recordUse(const at::Tensor& deviceTensor);
-  // The device tensor `host` stands in for, or `host` itself if it is none of this op's.
-  at::Tensor deviceFor(const at::Tensor& host) const;
 
   // On the worker, before the op: the host tensors hold the device tensors' contents.
   void copyIn();
