@@ -1,0 +1,231 @@
+// The communicator's shared memory: finding the ranks that share a host, forming their group
+// (transport/shm) or the hierarchy of several hosts, and what every op asks of it (whether it runs
+// there, its wait, its announcement); and the hierarchical all-reduce, shared memory inside a host
+// and the connections across hosts.
+#include <algorithm>
+#include <map>
+
+#include "algorithms/allreduce_plan.h"
+#include "algorithms/direct.h"
+#include "algorithms/shm_collectives.h"
+#include "communicator.h"
+#include "communicator_run.h"
+#include "transport/shm/segment_group.h"
+#include "transport/subset_transport.h"
+#include "transport/tcp/sha256.h"
+
+namespace pycomm {
+
+void Communicator::setupSharedMemory(Store& store) {
+  const std::string mine = config_.hostId;
+  if (mine.empty()) return;
+  // A host's segment is named after the group's random token, so any rank can remove it. The token
+  // is read before this rank publishes its host id: no segment exists before every host id is
+  // published, so whenever one may exist this rank knows its name, even once the store is gone.
+  const auto token = store.get("pycomm/token", timeout());
+  // From a hash of the token, not the token: /dev/shm names are visible to everyone on the host.
+  std::vector<uint8_t> labelled = {'p', 'y', 'c', 'o', 'm', 'm', '-', 's', 'h', 'm'};
+  labelled.insert(labelled.end(), token.begin(), token.end());
+  const auto digest = transport::tcp::sha256(labelled.data(), labelled.size());
+  std::string tokenHex;
+  for (size_t i = 0; i < 12; ++i) tokenHex += strCat(std::hex, (digest[i] >> 4) & 0xf, digest[i] & 0xf);
+  auto segmentName = [&](int hostIndex) { return strCat("/pycomm-", tokenHex, "-", hostIndex); };
+  try {
+    formSharedMemoryGroups(store, segmentName);
+  } catch (const transport::shm::SharedMemoryUnavailable& e) {
+    for (int hostIndex = 0; hostIndex < size(); ++hostIndex) transport::shm::Segment::unlinkName(segmentName(hostIndex));
+    PYCOMM_CHECK(config_.transport != TransportKind::kShm, InvalidUsageError, prefix(), " transport=shm: ", e.what());
+    shm_.reset();
+    hierarchy_.reset();
+  } catch (...) {
+    // A creator that died (store and all) after creating its segment leaves it to us; a rank that
+    // failed before it knew its host index does not know which name is ours, so it removes them all.
+    for (int hostIndex = 0; hostIndex < size(); ++hostIndex) transport::shm::Segment::unlinkName(segmentName(hostIndex));
+    throw;
+  }
+}
+
+void Communicator::formSharedMemoryGroups(Store& store, const std::function<std::string(int)>& segmentName) {
+  const std::string mine = config_.hostId;
+  store.set(strCat("pycomm/host/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  // chunk_bytes cuts the shared-memory steps of the hierarchical schedules: ranks that disagree on
+  // it would pair steps of different lengths, which no signature tells apart.
+  const std::string chunk = std::to_string(config_.chunkBytes);
+  store.set(strCat("pycomm/chunk_bytes/", rank()), std::vector<uint8_t>(chunk.begin(), chunk.end()));
+  std::vector<std::string> hosts(size());
+  std::string otherChunk;
+  int otherRank = -1;
+  for (int q = 0; q < size(); ++q) {
+    auto id = store.get(strCat("pycomm/host/", q), timeout());
+    hosts[q] = std::string(id.begin(), id.end());
+    auto theirs = store.get(strCat("pycomm/chunk_bytes/", q), timeout());
+    if (otherRank < 0 && std::string(theirs.begin(), theirs.end()) != chunk) {
+      otherRank = q;
+      otherChunk.assign(theirs.begin(), theirs.end());
+    }
+  }
+  if (otherRank >= 0) {
+    // Every rank sees some disagreement, so all go without shared memory; the connections' frames
+    // carry their lengths, so a schedule cut differently fails there with a clear error.
+    logger_.log(LogLevel::kWarn, strCat("chunk_bytes differs between ranks (rank ", otherRank, ": ", otherChunk,
+                                        ", this rank: ", chunk, "): the group runs without shared memory"));
+    return;
+  }
+  // Hosts in order of their first rank; each host's ranks in rank order.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<int>> members;
+  for (int q = 0; q < size(); ++q) {
+    if (members.count(hosts[q]) == 0) order.push_back(hosts[q]);
+    members[hosts[q]].push_back(q);
+  }
+  if (config_.transport == TransportKind::kShm && order.size() != 1) {
+    // Every rank sees the same host list and raises the same error. The store usually lives in rank
+    // 0's process, so no rank raises before all have read the list: a rank that left early would
+    // turn the others' clear error into a lost store connection. A failure of this wait is only
+    // logged, since this rank already knows its error.
+    store.set(strCat("pycomm/host_read/", rank()), {1});
+    try {
+      for (int q = 0; q < size(); ++q) store.get(strCat("pycomm/host_read/", q), timeout());
+    } catch (const std::exception& error) {
+      logger_.log(LogLevel::kWarn, strCat("waiting for the other ranks to read the host list: ", error.what()));
+    }
+    throw InvalidUsageError(strCat(prefix(), " transport=shm needs every rank on one host, but this group spans ",
+                                   order.size(), " hosts (host id of rank 0: '", hosts[0], "', of this rank: '", mine,
+                                   "'); use transport=auto for shared memory inside hosts and TCP across them"));
+  }
+  const auto& local = members[mine];
+  const int localRank = static_cast<int>(std::find(local.begin(), local.end(), rank()) - local.begin());
+  const int hostIndex = static_cast<int>(std::find(order.begin(), order.end(), mine) - order.begin());
+  bool uniform = true;
+  for (const auto& host : order) uniform = uniform && members[host].size() == local.size();
+  if (order.size() > 1 && (!uniform || local.size() < 2)) return;  // plain TCP serves best
+
+  // Every rank runs exactly one barrier below, so sequence numbers stay equal across the group.
+  // `members` maps a host group rank to its rank in this group. Every rank attaches its rings before
+  // the barrier and moves its connections onto them after it, so a peer that reads a move frame
+  // has its rings already.
+  auto makeGroup = [&](int groupRank, int groupSize, const std::string& key, transport::Transport& barrierOver,
+                       const std::vector<int>& groupMembers) {
+    auto group = std::make_unique<transport::shm::SegmentGroup>(
+        groupRank, groupSize, config_.shmSlotBytes, config_.shmRingBytes, segmentName(hostIndex),
+        [&](bool created) { store.set(key, {static_cast<uint8_t>(created ? 1 : 0)}); },
+        [&] { return store.get(key, timeout()) == std::vector<uint8_t>{1}; },
+        [&](bool mappedHere, const std::string& why) {
+          // Every rank of the communicator, on every host, votes once: all go without shared
+          // memory if any lacks it, so the hosts keep one shape of all-reduce.
+          const std::string mine = mappedHere ? "1" : "0" + why;
+          store.set(strCat("pycomm/shm_mapped/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+          bool all = true;
+          for (int q = 0; q < size(); ++q) {
+            const auto vote = store.get(strCat("pycomm/shm_mapped/", q), timeout());
+            if (!vote.empty() && vote[0] == '1') continue;
+            if (all) {
+              logger_.log(LogLevel::kInfo, strCat("rank ", q, " has no shared memory with its host's ranks (",
+                                                  std::string(vote.begin() + std::min<size_t>(vote.size(), 1), vote.end()),
+                                                  "): the group runs over its connections"));
+            }
+            all = false;
+          }
+          return all;
+        },
+        [&](const transport::shm::SegmentGroup& g) {
+          for (int q = 0; q < groupSize; ++q) {
+            if (q != groupRank) links_->attachRings(groupMembers[q], g.ring(groupRank, q), g.ring(q, groupRank), g.memory());
+          }
+        },
+        [&] {
+          runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0), "dissemination",
+                        [&](Op& o) {
+                          Op sub(barrierOver, ledger_, o.seq(), o.signature(), o.context(), o.deadline(), timeout());
+                          algorithms::disseminationBarrier(sub);
+                        });
+        },
+        groupMembers);
+    for (int q = 0; q < groupSize; ++q) {
+      if (q != groupRank) links_->moveToSharedMemory(groupMembers[q]);
+    }
+    return group;
+  };
+  if (order.size() == 1) {
+    shm_ = makeGroup(rank(), size(), "pycomm/shm", *transport_, local);
+    logger_.log(LogLevel::kInfo, "all ranks share this host: collectives use shared memory");
+    return;
+  }
+  auto hierarchy = std::make_unique<Hierarchy>();
+  hierarchy->localRank = localRank;
+  hierarchy->localSize = static_cast<int>(local.size());
+  std::vector<int> cross;
+  for (const auto& host : order) cross.push_back(members[host][localRank]);
+  for (const auto& host : order) hierarchy->grid.insert(hierarchy->grid.end(), members[host].begin(), members[host].end());
+  hierarchy->cross = std::make_unique<transport::SubsetTransport>(*transport_, cross);
+  transport::SubsetTransport localView(*transport_, local);
+  hierarchy->local = makeGroup(localRank, hierarchy->localSize, strCat("pycomm/shm/", hostIndex), localView, local);
+  hierarchy_ = std::move(hierarchy);
+  logger_.log(LogLevel::kInfo, strCat(order.size(), " hosts of ", local.size(),
+                                      " ranks: all-reduce is hierarchical (shared memory inside a host, TCP across)"));
+}
+
+StepWait Communicator::shmWait(const Op& o) {
+  return StepWait{o.deadline(), o.context(), [this](int q) { return transport_->peerFailure(q); }, o.seq(),
+                  [this](uint64_t seq) { return ledger_.failure(seq); }};
+}
+
+transport::shm::Group* Communicator::localGroup() const {
+  return shm_ ? shm_.get() : hierarchy_ ? hierarchy_->local.get() : nullptr;
+}
+
+bool Communicator::sharedMemoryFor(uint64_t seq) {
+  transport::shm::Group* group = localGroup();
+  if (group == nullptr || shmBroken_) return false;
+  // Decided once per op: the adapter asks (allreducesInSharedMemory) before the op asks again.
+  if (shmDecidedFor_ != seq) {
+    shmDecidedFor_ = seq;
+    if (group->abandonedAt(seq)) {
+      shmBroken_ = true;
+      logger_.log(LogLevel::kInfo, strCat("op #", seq, " and later run over the connections: the group gave shared "
+                                          "memory up after a failure"));
+    }
+  }
+  return !shmBroken_;
+}
+
+void Communicator::announce(const Op& op, bool viaShm) {
+  transport::shm::Group* group = shm_ && !shmBroken_ ? shm_.get() : hierarchy_ ? hierarchy_->local.get() : nullptr;
+  if (group == nullptr) return;
+  group->announce(op.seq(), op.signature());
+  if (viaShm) return;  // a step that waits compares the announcements then (transport/shm/group.h)
+  std::string mismatch = group->conflict(op.seq(), op.signature(), op.context());
+  if (mismatch.empty()) return;
+  // The peer is in a step of this op in shared memory and fails it too: both leave it.
+  if (group == shm_.get()) {
+    group->abandon(op.seq() + 1);
+    shmBroken_ = true;
+  }
+  throw InvalidUsageError(mismatch);
+}
+
+// Reduce inside the host over shared memory, all-reduce one slice per local rank across hosts over
+// TCP (so every rank of a host carries its share of the inter-host traffic), then gather the
+// slices inside the host.
+void Communicator::hierarchicalAllreduce(Op& cross, const algorithms::HostGrid& host, uint8_t* data, size_t count,
+                                         DataType dtype, ReduceOp op, Algorithm algorithm) {
+  const Hierarchy& h = *hierarchy_;
+  const size_t esize = elementSize(dtype);
+  algorithms::shmAllreduce(host.local, data, count, dtype, op, host.sig, host.wait);
+  Segments slices(count, h.localSize);
+  uint8_t* slice = data + slices.offset(h.localRank) * esize;
+  const size_t n = slices.length(h.localRank);
+  // The algorithm was planned for the whole op (allreduce()); the rest of the plan is the slice's.
+  const algorithms::AllreducePlan plan = algorithms::planAllreduce(algorithm, nullptr, n * esize, h.cross->size(), dtype,
+                                                                   config_.chunkBytes);
+  algorithms::OpSteps steps(cross);
+  algorithms::runAllreduce(
+      steps, plan, slice,
+      scratch(algorithms::allreduceScratchBytes<algorithms::OpSteps>(plan, n, h.cross->size(), dtype)), n, dtype, op);
+  cross.waitAll();
+  std::vector<size_t> offsets(h.localSize + 1);
+  for (int q = 0; q <= h.localSize; ++q) offsets[q] = (q < h.localSize ? slices.offset(q) : count) * esize;
+  algorithms::shmAllgatherParts(host.local, data, offsets, host.sig, host.wait);
+}
+
+}  // namespace pycomm
