@@ -150,3 +150,20 @@ def test_torch_distributed_debug_detail(pycomm: ModuleType) -> None:
     assert all(r["ok"] for r in results), results
     assert all("DETAIL" in r["debug"] for r in results), results
     assert exits == [0] * world, exits
+
+
+def test_startup_log_gives_the_chunk_in_use(pycomm: ModuleType) -> None:
+    """A chunk_bytes past the core's 1 TiB limit is used as 1 TiB; the start-up line must say what
+    is used, not echo the setting."""
+    world = 2
+    env = {"PYCOMM_DEBUG": "INFO", "PYCOMM_TRANSPORT": "tcp", "PYCOMM_CHUNK_BYTES": str(1 << 50)}
+    with Cluster(_one_allreduce_worker, world, env=env, hang_timeout_s=90) as c:
+        sums = [c.result(rank, timeout=60) for rank in range(world)]
+        for rank in range(world):
+            c.wait_exit(rank, timeout=EXIT_MAX_S)
+        logs = [c.stderr(rank) for rank in range(world)]
+    assert sums == [float(world)] * world
+    for rank, log in enumerate(logs):
+        line = next((l for l in log.splitlines() if "] connected over " in l), None)
+        assert line is not None, f"rank {rank}: no 'connected over' line\n{log[-2000:]}"
+        assert f", chunk {1 << 40} B" in line, f"rank {rank}: {line!r}"

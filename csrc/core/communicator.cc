@@ -65,7 +65,7 @@ Communicator::Communicator(const Config& config, Store& store)
   tasks_ = TaskQueue::start(prefix_, "collective", logger_);
   completions_ = TaskQueue::start(prefix_, "point-to-point completion", logger_);
   logger_.log(LogLevel::kInfo, strCat("connected over ", transport_->name(), ", listening on ",
-                                      config.bindHost, ", chunk ", config.chunkBytes, " B"));
+                                      config.bindHost, ", chunk ", config_.chunkBytes, " B"));
 }
 
 Communicator::~Communicator() {
