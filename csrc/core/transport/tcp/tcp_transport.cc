@@ -40,9 +40,13 @@ TcpTransport::TcpTransport(const TcpOptions& options, Store& store, OpLedger& le
   loop_.start([this](uint64_t tag, uint32_t events) { onEvents(tag, events); }, [this] { endIdleLingers(); });
 }
 
-// The loop is joined by abort, or detached by EventLoop's destructor when this runs on it (an
-// abort from a request's callback).
-TcpTransport::~TcpTransport() { abort("the process group was destroyed"); }
+// The loop thread is joined here, before the connections and the matcher it reads are destroyed:
+// an abort run earlier on the loop thread itself (from a request's callback) could not join it. On
+// the loop thread, EventLoop's destructor detaches it instead.
+TcpTransport::~TcpTransport() {
+  abort("the process group was destroyed");
+  loop_.stop();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Posting
