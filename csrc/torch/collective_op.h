@@ -70,6 +70,9 @@ class CollectiveOp {
   // The NCCL form: what the route adds to prepare() (on the caller's thread), the op's stamp
   // (core/algorithms/queued_stamp.h), and its schedule on the communication stream (the worker).
   virtual void prepareForDevice(const Validator&) {}
+  // Whether prepare() runs before the route of a CUDA op is decided: a failed check then raises on
+  // this rank alone, before any rank agrees on the route or creates an NCCL communicator.
+  virtual bool checksBeforeRoute() const { return false; }
   virtual algorithms::QueuedStamp stamp() const;
   virtual void runOnDevice(algorithms::QueuedLink& link, const Config& config);
 

@@ -43,11 +43,13 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::dispatch(std::shared_ptr<Collect
     const Validator v(rank_, size_, op->name());
     const auto device = v.deviceOf(op->tensors().all(), deviceRoute);
     std::shared_ptr<cuda::NcclComm> nccl;
+    const bool checkedFirst = op->checksBeforeRoute();
+    if (checkedFirst) op->prepare(v, comm_->config());
     if (device && op->hasDeviceForm()) {
       nccl = ncclFor(*device);
       deviceRoute = nccl != nullptr;
     }
-    op->prepare(v, comm_->config());
+    if (!checkedFirst) op->prepare(v, comm_->config());
     std::shared_ptr<DeviceStaging> staging;
     std::function<void()> task;
     if (device) {

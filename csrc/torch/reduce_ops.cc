@@ -68,6 +68,7 @@ struct AllreduceCompressedOp final : CollectiveOp {
     tensors_.add(t, true, true);
     setOutputs({tensor});
   }
+  bool checksBeforeRoute() const override { return true; }
   void prepare(const Validator& v, const Config&) override {
     v.tensor(t);
     if (residual) checkResidual(v, *residual);
