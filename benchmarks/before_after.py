@@ -47,6 +47,7 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(CONFIGS), help="comma list of configurations")
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON files and the table")
     args = parser.parse_args()
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     times: dict[tuple[str, str, str, int], list[float]] = {}
     for name in args.only.split(","):
