@@ -251,13 +251,8 @@ struct ReduceScatterTensorCoalescedOp final : CollectiveOp {
     setOutputs(outputs);
   }
   void prepare(const Validator& v, const Config&) override {
-    TORCH_CHECK_VALUE(outputs.size() == inputs.size(), v.where(), "got ", outputs.size(), " outputs for ",
-                      inputs.size(), " inputs");
+    v.holdOnePerRank(inputs, outputs, false);
     for (size_t i = 0; i < inputs.size(); ++i) {
-      v.tensor(outputs[i]);
-      v.sameType(outputs[i], inputs[i]);
-      TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * v.size(), v.where(), "input ", i, " has ",
-                        inputs[i].numel(), " elements, needs ", outputs[i].numel() * v.size());
       spec = v.reduceSpec(op, outputs[i]);
       dtypes.push_back(v.reducible(outputs[i]));
     }

@@ -89,6 +89,20 @@ void Validator::holdsOnePerRank(const at::Tensor& whole, const char* wholeName, 
                     " elements each needs ", each.numel() * size_);
 }
 
+void Validator::holdOnePerRank(const std::vector<at::Tensor>& wholes, const std::vector<at::Tensor>& parts,
+                               bool wholesAreOutputs) const {
+  const auto& outputs = wholesAreOutputs ? wholes : parts;
+  const auto& inputs = wholesAreOutputs ? parts : wholes;
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), where(), "got ", outputs.size(), " outputs for ", inputs.size(),
+                    " inputs");
+  for (size_t i = 0; i < parts.size(); ++i) {
+    tensor(parts[i]);
+    sameType(parts[i], wholes[i]);
+    TORCH_CHECK_VALUE(wholes[i].numel() == parts[i].numel() * size_, where(), wholesAreOutputs ? "output " : "input ",
+                      i, " has ", wholes[i].numel(), " elements, needs ", parts[i].numel() * size_);
+  }
+}
+
 void Validator::root(int64_t root) const {
   TORCH_CHECK_VALUE(root >= 0 && root < size_, where(), "root rank ", root, " is outside the group of ", size_);
 }

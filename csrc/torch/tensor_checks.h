@@ -61,6 +61,10 @@ class Validator {
   // all_gather_into_tensor's output, reduce_scatter_tensor's input: one `each` per rank.
   void holdsOnePerRank(const at::Tensor& whole, const char* wholeName, const at::Tensor& each,
                        const char* eachName) const;
+  // The coalesced forms of those: as many outputs as inputs, and each `wholes[i]` holding one
+  // `parts[i]` per rank (`wholesAreOutputs`: all-gather; else reduce-scatter).
+  void holdOnePerRank(const std::vector<at::Tensor>& wholes, const std::vector<at::Tensor>& parts,
+                      bool wholesAreOutputs) const;
   void root(int64_t root) const;
   DataType reducible(const at::Tensor& t) const;
   // torch's reduce op as the core's reduction (PREMUL_SUM's factor, AVG) for tensors like `t`.
