@@ -15,6 +15,24 @@ using transport::shm::StepWait;
 
 namespace {
 
+// `nbytes` moved a slot at a time, one step a slot (at least one step, so every rank takes one):
+// `move(step, offset, n, published)` fills this rank's input slot before the step's inputs are
+// published (published false) and reads the peers' after (true).
+template <typename Move>
+void forEachSlot(Group& group, size_t nbytes, const OpSignature& sig, const StepWait& wait, Move&& move) {
+  const size_t slotBytes = group.slotBytes();
+  const size_t steps = std::max<size_t>(1, (nbytes + slotBytes - 1) / slotBytes);
+  for (size_t k = 0; k < steps; ++k) {
+    const size_t offset = k * slotBytes;
+    const size_t n = std::min(slotBytes, nbytes - std::min(nbytes, offset));
+    const uint32_t e = group.beginStep(sig, wait);
+    move(e, offset, n, false);
+    group.publishInputs(e, wait);
+    move(e, offset, n, true);
+    group.endStep(e);
+  }
+}
+
 // Parts [offsets[q], offsets[q+1]) of a buffer moved `stretch` bytes at a time, one stretch of every
 // part a step: as many steps as the longest part needs (at least one, so every rank takes a step).
 struct PartStretches {
@@ -88,34 +106,28 @@ void shmAllreduce(Group& group, const BufferList& data, size_t count, DataType d
 
 void shmBroadcast(Group& group, void* data, size_t nbytes, int root, const OpSignature& sig, const StepWait& wait) {
   auto* bytes = static_cast<uint8_t*>(data);
-  const size_t slotBytes = group.slotBytes();
-  const size_t chunks = std::max<size_t>(1, (nbytes + slotBytes - 1) / slotBytes);
-  for (size_t k = 0; k < chunks; ++k) {
-    const size_t offset = k * slotBytes;
-    const size_t n = std::min(slotBytes, nbytes - std::min(nbytes, offset));
-    const uint32_t e = group.beginStep(sig, wait);
-    if (group.rank() == root && n > 0) std::memcpy(group.input(root, e), bytes + offset, n);
-    group.publishInputs(e, wait);
-    if (group.rank() != root && n > 0) std::memcpy(bytes + offset, group.input(root, e), n);
-    group.endStep(e);
-  }
+  forEachSlot(group, nbytes, sig, wait, [&](uint32_t e, size_t offset, size_t n, bool published) {
+    if (n == 0 || (group.rank() == root) == published) return;
+    if (published) {
+      std::memcpy(bytes + offset, group.input(root, e), n);
+    } else {
+      std::memcpy(group.input(root, e), bytes + offset, n);
+    }
+  });
 }
 
 void shmAllgather(Group& group, const void* in, void* out, size_t nbytes, const OpSignature& sig,
                   const StepWait& wait) {
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  const size_t slotBytes = group.slotBytes();
-  const size_t chunks = std::max<size_t>(1, (nbytes + slotBytes - 1) / slotBytes);
-  for (size_t k = 0; k < chunks; ++k) {
-    const size_t offset = k * slotBytes;
-    const size_t n = std::min(slotBytes, nbytes - std::min(nbytes, offset));
-    const uint32_t e = group.beginStep(sig, wait);
-    if (n > 0) std::memcpy(group.input(group.rank(), e), src + offset, n);
-    group.publishInputs(e, wait);
-    for (int q = 0; q < group.size() && n > 0; ++q) std::memcpy(dst + q * nbytes + offset, group.input(q, e), n);
-    group.endStep(e);
-  }
+  forEachSlot(group, nbytes, sig, wait, [&](uint32_t e, size_t offset, size_t n, bool published) {
+    if (n == 0) return;
+    if (!published) {
+      std::memcpy(group.input(group.rank(), e), src + offset, n);
+      return;
+    }
+    for (int q = 0; q < group.size(); ++q) std::memcpy(dst + q * nbytes + offset, group.input(q, e), n);
+  });
 }
 
 void shmReduceScatter(Group& group, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
