@@ -74,6 +74,19 @@ socklen_t makeAddress(const std::string& host, uint16_t port, sockaddr_storage* 
   return len;
 }
 
+// Waits until `fd` is ready for `events`: false once the deadline passed (or poll failed), with
+// `timedOut` in *error.
+bool pollUntil(int fd, short events, Deadline deadline, const char* timedOut, std::string* error) {
+  for (;;) {
+    pollfd pfd{fd, events, 0};
+    const int rc = ::poll(&pfd, 1, msUntil(deadline));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc > 0) return true;
+    if (error != nullptr) *error = timedOut;
+    return false;
+  }
+}
+
 }  // namespace
 
 void Socket::close() {
@@ -122,13 +135,7 @@ Socket::Io Socket::trySendAll(const void* data, size_t nbytes, Deadline deadline
       if (error != nullptr) *error = "send failed: " + errnoText(errno);
       return Io::kClosed;
     }
-    pollfd pfd{fd_, POLLOUT, 0};
-    const int rc = ::poll(&pfd, 1, msUntil(deadline));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0) {
-      if (error != nullptr) *error = "timed out sending";
-      return Io::kTimedOut;
-    }
+    if (!pollUntil(fd_, POLLOUT, deadline, "timed out sending", error)) return Io::kTimedOut;
   }
   return Io::kDone;
 }
@@ -136,13 +143,7 @@ Socket::Io Socket::trySendAll(const void* data, size_t nbytes, Deadline deadline
 Socket::Io Socket::tryRecvAll(void* data, size_t nbytes, Deadline deadline, std::string* error) {
   auto* p = static_cast<uint8_t*>(data);
   while (nbytes > 0) {
-    pollfd pfd{fd_, POLLIN, 0};
-    const int rc = ::poll(&pfd, 1, msUntil(deadline));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0) {
-      if (error != nullptr) *error = "timed out receiving";
-      return Io::kTimedOut;
-    }
+    if (!pollUntil(fd_, POLLIN, deadline, "timed out receiving", error)) return Io::kTimedOut;
     ssize_t n = ::recv(fd_, p, nbytes, MSG_DONTWAIT);
     if (n > 0) {
       p += n;
