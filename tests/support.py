@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -115,6 +115,18 @@ def _log(message: str) -> None:
     # One write per line so lines of concurrent ranks do not interleave.
     sys.stderr.write(f"[pycomm-test] {message}\n")
     sys.stderr.flush()
+
+
+def problem_notes() -> tuple[list[str], Callable[[str, str | None], None]]:
+    """A rank's list of problems and `note(what, outcome)`, which keeps "what: outcome" when a check
+    returned an outcome (a check returns None when it passed)."""
+    problems: list[str] = []
+
+    def note(what: str, outcome: str | None) -> None:
+        if outcome:
+            problems.append(f"{what}: {outcome}")
+
+    return problems, note
 
 
 class Failures:

@@ -47,14 +47,8 @@ LARGE_NUMEL = 4 * 1024 * 1024 + 3
 # Switching algorithm from call to call
 
 SWITCH_CALLS = 60
-SWITCH_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32,
-    torch.float64,
-    torch.int32,
-    torch.int64,
-    torch.bfloat16,
-    torch.float16,
-)
+SWITCH_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16,
+                                           torch.float16)
 # An async op is left pending across this many later calls (and their set_algorithm) at most.
 MAX_PENDING = 4
 
@@ -211,14 +205,8 @@ def test_switch_algorithm_every_call(
 # Coalesced all-reduce of 1,000 tensors
 
 COALESCED_TENSORS = 1000
-COALESCED_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32,
-    torch.float64,
-    torch.int64,
-    torch.int32,
-    torch.float16,
-    torch.bfloat16,
-)
+COALESCED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.int64, torch.int32, torch.float16,
+                                              torch.bfloat16)
 # (entry point, op). dist.all_reduce_coalesced is called once per dtype: torch itself rejects a
 # mixed-dtype list there (_ensure_all_tensors_same_dtype, for gloo as for pycomm). gloo also
 # rejects mixed dtypes in the other two ("tensors must all have the same type"); pycomm accepts

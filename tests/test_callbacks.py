@@ -69,13 +69,7 @@ def _callbacks_worker(rank: int, world: int) -> dict[str, Any]:
 
     chained_value = chained.wait()
     work_b.wait()
-    return {
-        "a": a,
-        "chained": chained_value,
-        "b": b,
-        "nested": nested_fut.wait(),
-        "late": late,
-    }
+    return {"a": a, "chained": chained_value, "b": b, "nested": nested_fut.wait(), "late": late}
 
 
 def _expected(world: int) -> dict[str, torch.Tensor]:

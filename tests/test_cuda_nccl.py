@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from mp import run_ranks
 from reference import check_equal, check_reduced, input_for
-from support import import_pycomm_or_skip, reduce_op
+from support import import_pycomm_or_skip, problem_notes, reduce_op
 
 TIMEOUT_S = 240.0  # seven NCCL communicators per world (ten at world 2), each set up over sockets
 PG_TIMEOUT_S = 30.0
@@ -51,11 +51,7 @@ CASES = (
 
 def _nccl_worker(rank: int, world: int) -> list[str]:
     dev = torch.device("cuda", 0)
-    problems: list[str] = []
-
-    def note(what: str, outcome: str | None) -> None:
-        if outcome:
-            problems.append(f"{what}: {outcome}")
+    problems, note = problem_notes()
 
     import pycomm
 

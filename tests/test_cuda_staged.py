@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from mp import run_ranks
 from reference import check_equal, check_reduced, input_for
-from support import future_tensors, import_pycomm_or_skip, reduce_op
+from support import future_tensors, import_pycomm_or_skip, problem_notes, reduce_op
 
 # Short: a hang here costs a scarce GPU session. The group timeout bounds every wait inside.
 TIMEOUT_S = 90.0
@@ -34,11 +34,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 def _collectives_worker(rank: int, world: int) -> list[str]:
     dev = torch.device("cuda", 0)
-    problems: list[str] = []
-
-    def note(what: str, outcome: str | None) -> None:
-        if outcome:
-            problems.append(f"{what}: {outcome}")
+    problems, note = problem_notes()
 
     for n in SIZES:
         for dtype, op in ((torch.float32, "sum"), (torch.float32, "avg"), (torch.float16, "sum"),

@@ -100,15 +100,20 @@ def _one_allreduce_worker(rank: int, world: int, ctl: Control) -> float:
     return float(t[0])
 
 
-def test_debug_trace_logs_frames(pycomm: ModuleType) -> None:
-    world = 2
-    env = {"PYCOMM_DEBUG": "TRACE", "PYCOMM_TRANSPORT": "tcp"}
+def _one_allreduce_logs(world: int, env: dict[str, str]) -> list[str]:
+    """Each rank's stderr after one all_reduce of ones, whose sums are checked."""
     with Cluster(_one_allreduce_worker, world, env=env, hang_timeout_s=90) as c:
         values = [c.result(rank, timeout=60) for rank in range(world)]
         for rank in range(world):
             c.wait_exit(rank, timeout=EXIT_MAX_S)
         logs = [c.stderr(rank) for rank in range(world)]
     assert values == [float(world)] * world
+    return logs
+
+
+def test_debug_trace_logs_frames(pycomm: ModuleType) -> None:
+    world = 2
+    logs = _one_allreduce_logs(world, {"PYCOMM_DEBUG": "TRACE", "PYCOMM_TRANSPORT": "tcp"})
     problems = []
     for rank, log in enumerate(logs):
         sends = [line for line in log.splitlines() if "send to peer" in line and "seq=" in line]
@@ -155,14 +160,7 @@ def test_torch_distributed_debug_detail(pycomm: ModuleType) -> None:
 def test_startup_log_gives_the_chunk_in_use(pycomm: ModuleType) -> None:
     """A chunk_bytes past the core's 1 TiB limit is used as 1 TiB; the start-up line must say what
     is used, not echo the setting."""
-    world = 2
-    env = {"PYCOMM_DEBUG": "INFO", "PYCOMM_TRANSPORT": "tcp", "PYCOMM_CHUNK_BYTES": str(1 << 50)}
-    with Cluster(_one_allreduce_worker, world, env=env, hang_timeout_s=90) as c:
-        sums = [c.result(rank, timeout=60) for rank in range(world)]
-        for rank in range(world):
-            c.wait_exit(rank, timeout=EXIT_MAX_S)
-        logs = [c.stderr(rank) for rank in range(world)]
-    assert sums == [float(world)] * world
+    logs = _one_allreduce_logs(2, {"PYCOMM_DEBUG": "INFO", "PYCOMM_TRANSPORT": "tcp", "PYCOMM_CHUNK_BYTES": str(1 << 50)})
     for rank, log in enumerate(logs):
         line = next((l for l in log.splitlines() if "] connected over " in l), None)
         assert line is not None, f"rank {rank}: no 'connected over' line\n{log[-2000:]}"
