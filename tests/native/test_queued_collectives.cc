@@ -592,8 +592,6 @@ int main() {
     checkAlltoall(size);
     checkStamps(size);
     checkPlannedAllreduce(size);
-  }
-  for (int size = 1; size <= 7; ++size) {
     checkCompressed(size);
     checkCompressedScatterGather(size);
   }
