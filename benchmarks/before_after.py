@@ -30,8 +30,9 @@ CONFIGS: dict[str, list[str]] = {
 
 def run_once(checkout: Path, args: list[str], out: Path) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(checkout))
-    cmd = [sys.executable, "-m", "pycomm.bench", *args, "--json", str(out)]
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=checkout)
+    # Run in the results folder, so the command the JSON records names the file alone.
+    cmd = [sys.executable, "-m", "pycomm.bench", *args, "--json", out.name]
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=out.parent)
     rows = json.loads(out.read_text())["rows"]
     bad = [r for r in rows if r.get("error") or r.get("wrong")]
     if bad:
