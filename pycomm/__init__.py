@@ -11,6 +11,7 @@ from pycomm import _C
 from pycomm.backend import register
 from pycomm import hooks
 from pycomm.collectives import all_reduce, bucketed_all_reduce, set_algorithm, stats
+from pycomm.faults import failed_ranks
 from pycomm.options import Options
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "all_reduce",
     "bucketed_all_reduce",
     "cuda_available",
+    "failed_ranks",
     "hooks",
     "set_algorithm",
     "stats",

@@ -8,6 +8,7 @@ import os
 import socket
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from pycomm import _C
@@ -80,6 +81,22 @@ def host_id() -> str:
     return "/".join(parts)
 
 
+def _fresh_keys(store: Any) -> Any:
+    """The group's store, under a prefix of its own once the default group was shrunk.
+
+    Shrinking the default group destroys torch's WORLD, which restarts its group names at "0": a
+    group made afterwards gets the store prefix of one made before (the first default group's, say),
+    whose keys are still there. The default group's shrink depth, the same on every survivor, keeps
+    the new group's keys apart from every earlier generation's."""
+    try:
+        default = dist.distributed_c10d._get_default_group()
+        backend = default._get_backend(torch.device("cpu"))
+    except (RuntimeError, ValueError):
+        return store  # no default group yet: this is it
+    depth = backend.shrink_depth if isinstance(backend, _C.PycommBackend) else 0
+    return dist.PrefixStore(f"pycomm-world{depth}/", store) if depth > 0 else store
+
+
 def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
     """The creator torch calls for every process group of backend "pycomm"."""
     if pg_options is None:
@@ -87,7 +104,7 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
     if not isinstance(pg_options, Options):
         raise TypeError(f"pycomm: pg_options must be a pycomm.Options, got {type(pg_options).__name__}")
     options = pg_options.resolved()
-    store = dist_options.store
+    store = _fresh_keys(dist_options.store)
     config = {
         "timeout_ms": options.timeout_ms(dist_options.timeout),
         "group_name": str(dist_options.group_id or ""),

@@ -11,7 +11,7 @@ cmake -S . -B build/native -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cma
 
 # The core's native tests again under AddressSanitizer and UndefinedBehaviorSanitizer.
 cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPYCOMM_SANITIZE=ON >/dev/null \
-  && cmake --build build/asan --target test_collectives test_codecs test_block_codec test_codec_simd test_ring test_buffer_list test_queued_collectives test_handshake test_fuzz test_hierarchical_compressed >/dev/null \
+  && cmake --build build/asan --target test_collectives test_codecs test_block_codec test_codec_simd test_ring test_buffer_list test_queued_collectives test_handshake test_fuzz test_hierarchical_compressed test_matcher test_shrink >/dev/null \
   && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build/asan --output-on-failure \
   || status=1
 

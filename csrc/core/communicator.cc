@@ -44,7 +44,7 @@ Communicator::Communicator(const Config& config, Store& store)
       prefix_(strCat("[rank ", config.rank, "/", config.size, "]")),
       logger_(config.logLevel, strCat("[rank ", config.rank, "/", config.size, " group ",
                                       config.groupName.empty() ? "default" : config.groupName, "]")),
-      ledger_(prefix_),
+      ledger_(config.rank, prefix_),
       timeoutMs_(config_.timeout.count()) {
   PYCOMM_CHECK(config.size >= 1 && config.rank >= 0 && config.rank < config.size, InvalidUsageError,
                "invalid rank ", config.rank, " for a group of ", config.size);
@@ -92,7 +92,7 @@ void Communicator::rejectCollective(const std::string& message) {
     shmBroken_ = true;
   }
   ledger_.recordOwnFailure(seq, message);
-  transport_->reportFailure(seq, message);
+  transport_->reportFailure(seq, message, -1);
   ledger_.retire(seq, false);
 }
 
@@ -121,6 +121,11 @@ void Communicator::shutdown() {
     logger_.warn("shutdown: ops still pending after the grace period; aborting them");
   }
   abort("the process group was shut down");
+}
+
+bool Communicator::shutDown() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return shutDown_;
 }
 
 void Communicator::abort(const std::string& reason) {

@@ -95,6 +95,13 @@ class Communicator {
   // The number of collectives issued so far on this rank (the next one gets this + 1).
   uint64_t sequenceNumber() const { return seq_.load(); }
 
+  // What went wrong last (Backend::getError), and the ranks lost so far: those this rank lost or
+  // waited for past the timeout, and those its peers reported lost (pycomm.failed_ranks).
+  OpLedger::Fault lastFault() const { return ledger_.lastFault(); }
+  std::vector<int> lostRanks() const { return ledger_.lostRanks(); }
+  // Whether shutdown() ended the group (an abort leaves it to be shrunk or destroyed).
+  bool shutDown() const;
+
   // Collectives. Blocking; call them from an enqueued task so every rank runs them in one order.
   // The reducing ones take a ReduceSpec (reduce_spec.h): PREMUL_SUM's factor scales the inputs
   // (this rank's `data` in place where the op writes its result there, a copy otherwise) and AVG
@@ -214,7 +221,7 @@ class Communicator {
   std::map<std::string, OpStats> stats_;
   void record(const std::string& key, uint64_t sent, uint64_t received, double seconds);
 
-  std::mutex stateMutex_;
+  mutable std::mutex stateMutex_;
   bool shutDown_ = false;
   std::shared_ptr<TaskQueue> tasks_;        // the worker: collectives in issue order
   std::shared_ptr<TaskQueue> completions_;  // point-to-point completions

@@ -26,6 +26,10 @@ void OpLedger::begin(uint64_t seq, const transport::OpSignature& signature) {
     std::lock_guard<std::mutex> lock(mutex_);
     activeOps_[seq] = signature;
     holder = holder_;
+    if (!groupLost_.empty()) {
+      failedSeqs_.emplace(seq, groupLost_);
+      throw RemoteError(groupLost_);
+    }
   }
   // From here on the transport judges new frames of `seq` against `signature`; the holder checks
   // those that came before.
@@ -93,18 +97,24 @@ OpLedger::Fate OpLedger::judge(uint64_t seq, const transport::OpSignature& their
   return Fate::kLive;
 }
 
-bool OpLedger::over(uint64_t seq) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return seq <= retiredSeq_ || failedSeqs_.count(seq) != 0;
-}
-
 void OpLedger::recordFailure(uint64_t seq, const std::string& message) {
   std::lock_guard<std::mutex> lock(mutex_);
   failedSeqs_.emplace(seq, message);
 }
 
-OpLedger::PeerReport OpLedger::recordPeerReport(uint64_t seq, int peer, const std::string& text) {
+OpLedger::PeerReport OpLedger::recordPeerReport(uint64_t seq, int peer, int lost, const std::string& text) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (lost >= 0 && lost != rank_) {
+    // The group lost a rank: no collective of it can complete any more. The ops begun here fail
+    // now and every later one at its start, instead of each waiting for the timeout on a peer that
+    // gave the group up (it reported, and will shrink or leave).
+    lostRanks_.insert(lost);
+    lastFault_ = Fault::kRemote;
+    if (groupLost_.empty()) {
+      groupLost_ = strCat(context_, " the group lost rank ", lost, " (peer ", peer, " reported op seq=", seq,
+                          " failed there: ", text, "); shrink the group (dist.shrink_group) or start again");
+    }
+  }
   if (seq <= retiredSeq_) {
     // An op that completed here failed elsewhere (a rank that only sent, say): raise it on this
     // rank's next collective rather than let the ranks drift apart silently.
@@ -112,15 +122,47 @@ OpLedger::PeerReport OpLedger::recordPeerReport(uint64_t seq, int peer, const st
       lateFailure_ = strCat(context_, " collective seq=", seq, " completed on this rank but failed on peer ", peer,
                             ": ", text);
     }
-    return {PeerReport::Outcome::kLate, {}, 0};
+    PeerReport report{PeerReport::Outcome::kLate, groupLost_, 0, {}};
+    if (lost >= 0 && lost != rank_) report.failedActive = failActiveLocked(groupLost_);
+    return report;
   }
   if (failedSeqs_.size() >= kMaxFailedSeqs) {
     // Reports for ops far ahead of this rank, without end: a peer gone wrong, not a failure.
-    return {PeerReport::Outcome::kTooMany, {}, failedSeqs_.size()};
+    return {PeerReport::Outcome::kTooMany, {}, failedSeqs_.size(), {}};
   }
   std::string message = strCat(context_, " peer ", peer, " reported a failure: ", text);
   failedSeqs_.emplace(seq, message);
-  return {PeerReport::Outcome::kRecorded, std::move(message), 0};
+  lastFault_ = Fault::kRemote;
+  return {PeerReport::Outcome::kRecorded, std::move(message), 0, {}};
+}
+
+std::vector<uint64_t> OpLedger::failActiveLocked(const std::string& message) {
+  std::vector<uint64_t> failed;
+  for (const auto& [seq, signature] : activeOps_) {
+    if (seq > retiredSeq_ && failedSeqs_.emplace(seq, message).second) failed.push_back(seq);
+  }
+  return failed;
+}
+
+void OpLedger::noteFault(Fault fault, int peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  lastFault_ = fault;
+  if (peer >= 0 && peer != rank_) lostRanks_.insert(peer);
+}
+
+OpLedger::Fault OpLedger::lastFault() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lastFault_;
+}
+
+std::vector<int> OpLedger::lostRanks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::vector<int>(lostRanks_.begin(), lostRanks_.end());
+}
+
+int OpLedger::firstLostRank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lostRanks_.empty() ? -1 : *lostRanks_.begin();
 }
 
 }  // namespace pycomm

@@ -1,7 +1,7 @@
 // What this rank knows about the fate of each collective: the ops begun here and their signatures,
 // the ops that failed (here, on a peer, or by a mismatch a frame revealed) with their messages, the
-// recent ops that succeeded here (for a peer's failure report that comes after them), and the last
-// op retired. The communicator owns it; Op and the communicator record into it, and the transport
+// recent ops that succeeded here (for a peer's failure report that comes after them), the last op
+// retired, and the last fault with the ranks it lost (what getError() and failed_ranks() answer). The communicator owns it; Op and the communicator record into it, and the transport
 // reads it to judge the collective frames it receives and records into it the failure reports and
 // mismatches those frames carry.
 //
@@ -17,7 +17,9 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "transport/frame.h"
 
@@ -38,7 +40,7 @@ class OpLedger {
   };
 
   // `context` starts the messages the ledger writes: "[rank r/p]".
-  explicit OpLedger(std::string context) : context_(std::move(context)) {}
+  OpLedger(int rank, std::string context) : rank_(rank), context_(std::move(context)) {}
   OpLedger(const OpLedger&) = delete;
   OpLedger& operator=(const OpLedger&) = delete;
 
@@ -74,12 +76,12 @@ class OpLedger {
     kMismatch,  // this rank runs op `seq` with another signature, stored in *ours
   };
   Fate judge(uint64_t seq, const transport::OpSignature& theirs, transport::OpSignature* ours) const;
-  // Retired or failed: frames for `seq` are dropped.
-  bool over(uint64_t seq) const;
   // Collective `seq` failed with `message` (a mismatch the transport found); an earlier message for
   // it is kept.
   void recordFailure(uint64_t seq, const std::string& message);
-  // Peer `peer` reported that collective `seq` failed there with `text`.
+  // Peer `peer` reported that collective `seq` failed there with `text`; `lost`: the rank the peer
+  // lost (-1 if none; any other value out of the group is the caller's to drop). A lost rank ends
+  // the group's collectives here: those begun fail (PeerReport::failedActive), later ones in begin().
   struct PeerReport {
     enum class Outcome {
       kLate,      // the op is retired here: kept for takeLateFailure if it succeeded here
@@ -88,12 +90,33 @@ class OpLedger {
     } outcome;
     std::string message;
     size_t held = 0;
+    // kLate with a lost rank: the ops begun here that failed with it (`message`): fail their
+    // posted receives.
+    std::vector<uint64_t> failedActive;
   };
-  PeerReport recordPeerReport(uint64_t seq, int peer, const std::string& text);
+  PeerReport recordPeerReport(uint64_t seq, int peer, int lost, const std::string& text);
   // The late failure takeLateFailure would take, left in place.
   std::string lateFailure() const;
 
+  // --- Faults, for Backend::getError() and pycomm.failed_ranks()
+
+  enum class Fault {
+    kNone,
+    kTimeout,     // a wait ran past the group's timeout (on `peer`)
+    kConnection,  // the connection to `peer` closed, reset or carried garbage
+    kRemote,      // a peer reported a failure (`peer`: the rank it lost, if it named one)
+  };
+  // Remembers the fault, the latest one winning, and `peer` (when >= 0 and not this rank) as lost.
+  void noteFault(Fault fault, int peer);
+  Fault lastFault() const;
+  // The ranks this rank lost or waited for past the timeout, and those its peers reported lost;
+  // ascending.
+  std::vector<int> lostRanks() const;
+  // One of lostRanks() to tell the peers with a failure report, or -1.
+  int firstLostRank() const;
+
  private:
+  const int rank_;
   const std::string context_;
   FrameHolder* holder_ = nullptr;  // written before the first op and after the last only
 
@@ -103,6 +126,12 @@ class OpLedger {
   std::deque<uint64_t> succeeded_;                        // recent ops that completed here, for late errors
   std::string lateFailure_;                               // a peer failed an op that succeeded here
   uint64_t retiredSeq_ = 0;
+  Fault lastFault_ = Fault::kNone;
+  std::set<int> lostRanks_;
+  std::string groupLost_;  // set once a peer reported a lost rank: every op from then on fails with it
+
+  // Records `message` as the failure of every op begun and not retired; returns their seqs.
+  std::vector<uint64_t> failActiveLocked(const std::string& message);
 };
 
 }  // namespace pycomm

@@ -16,6 +16,8 @@ class Store {
   virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
   // Blocks until the key exists or the timeout passes (then throws TimeoutError).
   virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Whether the key exists now, without waiting.
+  virtual bool check(const std::string& key) = 0;
 };
 
 }  // namespace pycomm

@@ -6,6 +6,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,16 @@ class PycommBackend final : public ::c10d::Backend {
   const std::string getBackendName() const override { return "pycomm"; }
   bool supportsSplitting() const override { return false; }
   bool supportsCoalescing() const override { return false; }
+  // dist.shrink_group (shrink.cc): the survivors' new group, over this group's store.
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<::c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude, int shrinkFlags = 0,
+                                             const c10::intrusive_ptr<Options>& optsOverride = nullptr) override;
+  // The last fault: TIMEOUT, COMM_ERROR (a connection lost), REMOTE_ERROR (a peer's report), or SUCCESS.
+  ::c10d::ErrorType getError() override;
+  // The ranks this rank lost, waited for past the timeout, or heard lost from a peer (ascending).
+  std::vector<int> failedRanks() const { return comm_->lostRanks(); }
+  // How many shrinks made this group from one torch created (0 for that one).
+  int shrinkDepth() const { return shrinkDepth_; }
   void setTimeout(std::chrono::milliseconds timeout) override;
   void startCoalescing() override;
   c10::intrusive_ptr<::c10d::Work> endCoalescing() override;
@@ -136,6 +147,8 @@ class PycommBackend final : public ::c10d::Backend {
   // The rendezvous store, kept for the NCCL communicator's setup (made at the first CUDA collective).
   c10::intrusive_ptr<::c10d::Store> store_;
   std::shared_ptr<cuda::NcclRoute> ncclRoute_;  // CUDA builds only
+  std::atomic<uint64_t> shrinks_{0};             // shrink() calls so far: each one's store keys
+  int shrinkDepth_ = 0;
 };
 
 }  // namespace pycomm::torch_adapter

@@ -171,6 +171,13 @@ PYBIND11_MODULE(_C, m) {
            "All-reduce a float32 tensor compressed with codec (rounding twice); residual: a float32 CPU "
            "tensor of the same size kept between calls, for error feedback.",
            py::call_guard<py::gil_scoped_release>())
+      // torch binds getError for NCCL's group only: ours, as torch's ErrorType.
+      .def("get_error", &PycommBackend::getError,
+           "The last fault: ErrorType.TIMEOUT, COMM_ERROR (a connection lost), REMOTE_ERROR (a peer's report) or SUCCESS.")
+      .def_property_readonly("shrink_depth", &PycommBackend::shrinkDepth,
+                             "How many shrinks made this group from one torch created (0 for that one).")
+      .def("failed_ranks", &PycommBackend::failedRanks,
+           "The group ranks this rank lost, waited for past the timeout, or heard lost from a peer.")
       .def("stats", [](const PycommBackend& backend) {
              py::dict out;
              for (const auto& [key, s] : backend.stats()) {

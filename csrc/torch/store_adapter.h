@@ -17,6 +17,8 @@ class C10dStore final : public Store {
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override { store_->set(key, value); }
 
+  bool check(const std::string& key) override { return store_->check({key}); }
+
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
     // torch's stores wait in poll(), whose int milliseconds a timeout of weeks overflows (a wait
     // of timedelta.max ends after 1 ms): long waits go in slices. Only a slice that ran its whole

@@ -52,6 +52,10 @@ class MemoryStore : public Store {
     }
     return data_[key];
   }
+  bool check(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return data_.count(key) != 0;
+  }
 
  private:
   std::mutex mutex_;

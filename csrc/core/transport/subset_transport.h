@@ -31,7 +31,9 @@ class SubsetTransport final : public Transport {
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override {
     return base_.cancel(request, deadline);
   }
-  void reportFailure(uint64_t seq, const std::string& message) override { base_.reportFailure(seq, message); }
+  void reportFailure(uint64_t seq, const std::string& message, int lostRank) override {
+    base_.reportFailure(seq, message, lostRank);
+  }
   std::exception_ptr peerFailure(int peer) override { return base_.peerFailure(members_.at(peer)); }
   void abort(const std::string& reason) override { base_.abort(reason); }
 

@@ -54,7 +54,9 @@ class Transport {
   // Tells every peer that collective `seq` failed here with `message`, so they fail it too instead
   // of waiting (a frame after those of the op already queued to each peer). What this rank itself
   // knows of the op's fate is the communicator's op ledger's (op_ledger.h), not the transport's.
-  virtual void reportFailure(uint64_t seq, const std::string& message) = 0;
+  // `lostRank`: a rank this rank lost (connection gone, or waited for past the timeout), which the
+  // peers then count as lost too (pycomm.failed_ranks), or -1.
+  virtual void reportFailure(uint64_t seq, const std::string& message, int lostRank) = 0;
 
   // The error that ended the connection to `peer`, or null while it is alive.
   virtual std::exception_ptr peerFailure(int peer) = 0;

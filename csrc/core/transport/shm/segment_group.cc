@@ -149,8 +149,9 @@ void SegmentGroup::waitAll(Flag flag, uint32_t target, const StepWait& wait, con
     SharedFlag& f = flag == Flag::kReady ? c.ready : flag == Flag::kReduced ? c.reduced : c.consumed;
     while (!waitAtLeast(f, target, std::chrono::milliseconds(2), spin_)) {
       checkWhileWaiting(q, wait);
-      PYCOMM_CHECK(std::chrono::steady_clock::now() < wait.deadline, TimeoutError, wait.context,
-                   ": timed out waiting for peer ", member(q), " (shared memory, ", what, ")");
+      if (std::chrono::steady_clock::now() < wait.deadline) continue;
+      if (wait.timedOut) wait.timedOut(member(q));
+      throw TimeoutError(strCat(wait.context, ": timed out waiting for peer ", member(q), " (shared memory, ", what, ")"));
     }
   }
 }

@@ -161,9 +161,20 @@ void Matcher::arrived(int peer, const FrameHeader& h, std::vector<uint8_t> paylo
   Arrived arrived{h, std::move(payload), peer};
   std::lock_guard<std::mutex> lock(mutex_);
   const bool collective = isCollective(h);
-  if (collective && ledger_.over(h.seq)) {
-    releaseLocked(arrived);
-    return;
+  if (collective) {
+    // Judged again: the op may have begun here while the payload was read (claim judged the header
+    // before), after opBegun looked at the frames held, so only this look sees the mismatch.
+    OpSignature ours;
+    switch (ledger_.judge(h.seq, signatureOf(h), &ours)) {
+      case OpLedger::Fate::kMismatch:
+        failMismatchLocked(peer, h, ours, completions);
+        [[fallthrough]];
+      case OpLedger::Fate::kOver:
+        releaseLocked(arrived);
+        return;
+      case OpLedger::Fate::kLive:
+        break;
+    }
   }
   std::string why;
   if (auto request = takePostedLocked(peer, h, &why)) {
@@ -182,9 +193,12 @@ std::string Matcher::errorReport(int peer, const FrameHeader& h, const std::stri
   std::lock_guard<std::mutex> lock(mutex_);
   // Recorded and applied under one hold of the lock: a receive posted meanwhile either sees the
   // failure or is failed here.
-  OpLedger::PeerReport report = ledger_.recordPeerReport(h.seq, peer, text);
+  // The reporter names the rank it lost, if any, in the header's root (TcpTransport::reportFailure).
+  const int lost = h.root >= 0 && static_cast<size_t>(h.root) < sources_.size() ? h.root : -1;
+  OpLedger::PeerReport report = ledger_.recordPeerReport(h.seq, peer, lost, text);
   switch (report.outcome) {
     case OpLedger::PeerReport::Outcome::kLate:
+      for (uint64_t seq : report.failedActive) failPostedSeqLocked(seq, remoteError(report.message), completions);
       return {};
     case OpLedger::PeerReport::Outcome::kTooMany:
       return strCat(context_, " peer ", peer, " reported failures of ", report.held,
@@ -305,6 +319,8 @@ bool Matcher::failPeer(Connection& connection, std::exception_ptr& error, Comple
     }
   }
   sources_[peer].failure = error;
+  // After this rank's own abort, a closing socket is the abort's echo, not a lost peer.
+  if (!aborted_) ledger_.noteFault(OpLedger::Fault::kConnection, peer);
   for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
     if (std::get<0>(it->first) == peer) {
       completions.push_back({it->second.request, 0, peer, error});

@@ -24,6 +24,7 @@ TcpTransport::TcpTransport(const TcpOptions& options, Store& store, OpLedger& le
       linger_(options.linger),
       logger_(options.logger),
       context_(strCat("[rank ", rank_, "/", size_, "]")),
+      ledger_(ledger),
       loop_(options.linger, logger_, context_),
       matcher_(rank_, size_, context_, options.unexpectedBytes, ledger) {
   connections_.resize(size_);
@@ -135,13 +136,14 @@ bool TcpTransport::cancel(const std::shared_ptr<Request>& request, Clock::time_p
   return false;
 }
 
-void TcpTransport::reportFailure(uint64_t seq, const std::string& message) {
+void TcpTransport::reportFailure(uint64_t seq, const std::string& message, int lostRank) {
   const std::string text = message.size() > kMaxErrorText ? message.substr(0, kMaxErrorText) : message;
   for (auto& c : connections_) {
     if (!c) continue;
     FrameInfo info;
     info.channel = Channel::kCollective;
     info.seq = seq;
+    info.signature.root = lostRank;  // an error frame's root: the rank the reporter lost, or -1
     OutgoingFrame frame{makeHeader(FrameKind::kError, info, text.size()), nullptr, text.size(), 0, nullptr,
                         std::vector<uint8_t>(text.begin(), text.end())};
     frame.data = frame.owned.data();  // the vector's buffer moves with it
