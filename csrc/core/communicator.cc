@@ -212,7 +212,7 @@ void Communicator::waitPointToPoint(const std::shared_ptr<Request>& request, con
   try {
     transport_->wait(request, deadline, strCat(prefix(), " ", what));
   } catch (const TimeoutError& e) {
-    const TimeoutError error(strCat(e.what(), " after ", timeout.count(), " ms"));
+    const TimeoutError error(strCat(e.what(), " after ", timeout.count(), " ms", transport_->judgeTimeout(request->peer())));
     // Detached (or done meanwhile): failing it now runs its callback, which would otherwise hold
     // its Work (and the Work the request) forever, and keeps a late copy out of the caller's tensor.
     if (transport_->cancel(request, Clock::now() + std::chrono::seconds(5))) request->fail(std::make_exception_ptr(error));

@@ -168,7 +168,7 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
 StepWait Communicator::shmWait(const Op& o) {
   return StepWait{o.deadline(), o.context(), [this](int q) { return transport_->peerFailure(q); }, o.seq(),
                   [this](uint64_t seq) { return ledger_.failure(seq); },
-                  [this](int q) { ledger_.noteFault(OpLedger::Fault::kTimeout, q); }};
+                  [this](int q) { return transport_->judgeTimeout(q); }};
 }
 
 transport::shm::Group* Communicator::localGroup() const {

@@ -195,9 +195,22 @@ void testReportOfALostRankFailsTheOpsAfterIt(bool namesLostRank) {
   EXPECT_TRUE(message.find("rank 1") != std::string::npos, "op 3 began on a group that lost rank 1: '", message, "'");
 }
 
+// Probe frames carry nothing: a ping or pong with a payload, or a kind past them, is malformed.
+void testProbeFramesAreValidatedLikeAnyOther() {
+  FrameInfo info;
+  for (FrameKind kind : {FrameKind::kPing, FrameKind::kPong}) {
+    EXPECT_TRUE(validateHeader(makeHeader(kind, info, 0)).empty(), validateHeader(makeHeader(kind, info, 0)));
+    EXPECT_TRUE(!validateHeader(makeHeader(kind, info, 1)).empty(), "a probe with a payload passed");
+  }
+  FrameHeader past = makeHeader(FrameKind::kPong, info, 0);
+  past.kind = static_cast<uint8_t>(FrameKind::kPong) + 1;
+  EXPECT_TRUE(validateHeader(past).find("unknown frame kind") != std::string::npos, validateHeader(past));
+}
+
 }  // namespace
 
 int main() {
+  testProbeFramesAreValidatedLikeAnyOther();
   testReportOfALostRankFailsTheOpsAfterIt(true);
   testReportOfALostRankFailsTheOpsAfterIt(false);
   for (BeginAt at : {BeginAt::kBeforeHeader, BeginAt::kAfterHeader, BeginAt::kAfterPayload}) {

@@ -39,7 +39,7 @@ void Op::wait(const std::shared_ptr<Request>& request) {
   try {
     transport_.wait(request, deadline_, context_);
   } catch (const TimeoutError& e) {
-    throw TimeoutError(strCat(e.what(), " after ", timeout_.count(), " ms"));
+    throw TimeoutError(strCat(e.what(), " after ", timeout_.count(), " ms", transport_.judgeTimeout(request->peer())));
   }
 }
 

@@ -73,9 +73,12 @@ OpSignature signatureOf(const FrameHeader& h) {
 std::string validateHeader(const FrameHeader& h) {
   if (h.magic != kFrameMagic) return strCat("bad magic 0x", std::hex, h.magic);
   if (h.version != kFrameVersion) return strCat("unsupported frame version ", int(h.version));
-  if (h.kind != static_cast<uint8_t>(FrameKind::kData) && h.kind != static_cast<uint8_t>(FrameKind::kError) &&
-      h.kind != static_cast<uint8_t>(FrameKind::kMoveToSharedMemory)) {
+  if (h.kind < static_cast<uint8_t>(FrameKind::kData) || h.kind > static_cast<uint8_t>(FrameKind::kPong)) {
     return strCat("unknown frame kind ", int(h.kind));
+  }
+  if ((h.kind == static_cast<uint8_t>(FrameKind::kPing) || h.kind == static_cast<uint8_t>(FrameKind::kPong)) &&
+      h.nbytes != 0) {
+    return strCat("a probe frame with ", h.nbytes, " bytes of payload");
   }
   if (h.channel != static_cast<uint8_t>(Channel::kCollective) &&
       h.channel != static_cast<uint8_t>(Channel::kP2P)) {
@@ -91,6 +94,8 @@ std::string validateHeader(const FrameHeader& h) {
 std::string describeFrame(const FrameHeader& h) {
   return strCat(h.kind == static_cast<uint8_t>(FrameKind::kError)                ? "error"
                 : h.kind == static_cast<uint8_t>(FrameKind::kMoveToSharedMemory) ? "move to shared memory"
+                : h.kind == static_cast<uint8_t>(FrameKind::kPing)               ? "ping"
+                : h.kind == static_cast<uint8_t>(FrameKind::kPong)               ? "pong"
                                                                                  : "data",
                 h.channel == static_cast<uint8_t>(Channel::kP2P) ? " p2p tag=" : " seq=", h.seq,
                 " slot=", h.slot, " op=", opKindName(static_cast<OpKind>(h.opKind)), " count=", h.count,

@@ -19,7 +19,9 @@ constexpr uint8_t kFrameVersion = 1;
 constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 40;
 
 // kMoveToSharedMemory: the sender's later frames come through its shared-memory ring.
-enum class FrameKind : uint8_t { kData = 1, kError = 2, kMoveToSharedMemory = 3 };
+// kPing asks the peer's transport for a kPong at once (a liveness probe after a timeout: a frozen
+// process answers nothing, a live one answers even while its own op waits).
+enum class FrameKind : uint8_t { kData = 1, kError = 2, kMoveToSharedMemory = 3, kPing = 4, kPong = 5 };
 enum class Channel : uint8_t { kCollective = 1, kP2P = 2 };
 
 // What operation a collective frame belongs to. Order matters: it is on the wire.

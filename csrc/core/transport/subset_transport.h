@@ -35,6 +35,8 @@ class SubsetTransport final : public Transport {
     base_.reportFailure(seq, message, lostRank);
   }
   std::exception_ptr peerFailure(int peer) override { return base_.peerFailure(members_.at(peer)); }
+  // `peer` as the request names it: the base transport's rank.
+  std::string judgeTimeout(int peer) override { return base_.judgeTimeout(peer); }
   void abort(const std::string& reason) override { base_.abort(reason); }
 
  private:

@@ -58,6 +58,13 @@ class Transport {
   // peers then count as lost too (pycomm.failed_ranks), or -1.
   virtual void reportFailure(uint64_t seq, const std::string& message, int lostRank) = 0;
 
+  // A wait for `peer` ran past the timeout: records in the op ledger whether the peer is lost. A
+  // timeout alone cannot say (a live peer may be waiting for a frozen one), so a transport that can
+  // probes the peer: no answer, it is lost; an answer, it is alive, and the rank that waits for the
+  // frozen one will report it (this waits a moment for that report). Returns what the timeout's
+  // message should add: which rank is lost. `peer`: as the waited request names it (Request::peer).
+  virtual std::string judgeTimeout(int peer) { return {}; }
+
   // The error that ended the connection to `peer`, or null while it is alive.
   virtual std::exception_ptr peerFailure(int peer) = 0;
 

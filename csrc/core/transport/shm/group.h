@@ -40,8 +40,9 @@ struct StepWait {
   uint64_t seq = 0;  // the op's sequence number, the same on every rank
   // A peer's report that op `seq` failed there (the transport hears it), or empty.
   std::function<std::string(uint64_t)> reportedFailure;
-  // Told the communicator rank a step waited for past the deadline, before the TimeoutError.
-  std::function<void(int)> timedOut;
+  // Told the communicator rank a step waited for past the deadline, before the TimeoutError; returns
+  // what the error's message adds (Transport::judgeTimeout).
+  std::function<std::string(int)> timedOut;
 };
 
 class Group {

@@ -150,8 +150,9 @@ void SegmentGroup::waitAll(Flag flag, uint32_t target, const StepWait& wait, con
     while (!waitAtLeast(f, target, std::chrono::milliseconds(2), spin_)) {
       checkWhileWaiting(q, wait);
       if (std::chrono::steady_clock::now() < wait.deadline) continue;
-      if (wait.timedOut) wait.timedOut(member(q));
-      throw TimeoutError(strCat(wait.context, ": timed out waiting for peer ", member(q), " (shared memory, ", what, ")"));
+      const std::string lost = wait.timedOut ? wait.timedOut(member(q)) : std::string();
+      throw TimeoutError(strCat(wait.context, ": timed out waiting for peer ", member(q), " (shared memory, ", what, ")",
+                                lost));
     }
   }
 }

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <thread>
 
-#include "../../error.h"
 #include "tcp_transport.h"
 
 namespace pycomm::transport::tcp {
@@ -30,16 +29,6 @@ int64_t steadyNanoseconds() {
 
 void TcpTransport::wait(const std::shared_ptr<Request>& request, Clock::time_point deadline,
                         const std::string& context) {
-  try {
-    waitFor(request, deadline, context);
-  } catch (const TimeoutError&) {
-    ledger_.noteFault(OpLedger::Fault::kTimeout, request->peer());
-    throw;
-  }
-}
-
-void TcpTransport::waitFor(const std::shared_ptr<Request>& request, Clock::time_point deadline,
-                           const std::string& context) {
   if (request->done()) {
     request->wait(deadline, context);  // throws what it failed with
   } else if (request->direction() == Request::Direction::kSend) {

@@ -125,6 +125,7 @@ struct Connection {
   shm::Ring ringIn;
   bool readViaRing = false;  // the peer's move frame arrived: its frames come through ringIn
   std::shared_ptr<void> ringMemory;
+  std::atomic<uint64_t> pongs{0};  // kPong frames from the peer (TcpTransport::judgeTimeout)
 
   // What one read did.
   enum class Read {

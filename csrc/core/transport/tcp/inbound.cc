@@ -77,6 +77,17 @@ void TcpTransport::onHeader(Connection& c) {
     return;
   }
   c.payloadGot = 0;
+  if (h.kind == static_cast<uint8_t>(FrameKind::kPing)) {
+    c.headerGot = 0;
+    FrameInfo info;
+    send(c, OutgoingFrame{makeHeader(FrameKind::kPong, info, 0), nullptr, 0, 0, nullptr, {}});
+    return;
+  }
+  if (h.kind == static_cast<uint8_t>(FrameKind::kPong)) {
+    c.headerGot = 0;
+    c.pongs.fetch_add(1);
+    return;
+  }
   if (h.kind == static_cast<uint8_t>(FrameKind::kMoveToSharedMemory)) {
     if (!c.ringIn.valid() || h.nbytes != 0) {
       failPeer(c, remoteError(strCat(context_, " peer ", c.rank,

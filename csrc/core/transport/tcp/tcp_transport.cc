@@ -3,7 +3,9 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "../../error.h"
 #include "handshake.h"
@@ -149,6 +151,44 @@ void TcpTransport::reportFailure(uint64_t seq, const std::string& message, int l
     frame.data = frame.owned.data();  // the vector's buffer moves with it
     send(*c, std::move(frame));
   }
+}
+
+std::string TcpTransport::judgeTimeout(int peer) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || !connections_[peer]) {
+    ledger_.noteFault(OpLedger::Fault::kTimeout, -1);
+    return {};
+  }
+  // A live peer's transport answers within milliseconds; a frozen one never. The probe is short
+  // beside the timeout that led here, and bounded for the longest timeouts.
+  const auto probe = std::clamp(timeout_ / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(1000));
+  Connection& c = *connections_[peer];
+  const uint64_t before = c.pongs.load();
+  if (!matcher_.failed(peer)) {
+    FrameInfo info;
+    send(c, OutgoingFrame{makeHeader(FrameKind::kPing, info, 0), nullptr, 0, 0, nullptr, {}});
+    endLinger(c);  // the loop reads the answer
+  }
+  const auto answered = [&] { return c.pongs.load() != before; };
+  auto deadline = Clock::now() + probe;
+  while (!answered() && Clock::now() < deadline && !matcher_.failed(peer)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (!answered()) {
+    ledger_.noteFault(OpLedger::Fault::kTimeout, peer);
+    return strCat("; peer ", peer, " does not answer a probe either (frozen or gone): rank ", peer, " is lost");
+  }
+  // Alive: it waits for someone else. The rank that waits for the frozen one probes it as this rank
+  // just did and reports it lost; that report names it here too (OpLedger::recordPeerReport).
+  ledger_.noteFault(OpLedger::Fault::kTimeout, -1);
+  deadline = Clock::now() + 2 * probe;
+  while (ledger_.lostRanks().empty() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const std::vector<int> lost = ledger_.lostRanks();
+  if (lost.empty()) return strCat("; peer ", peer, " answers a probe: it is alive, waiting for another rank");
+  std::string ranks;
+  for (int r : lost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return strCat("; peer ", peer, " answers a probe (alive, waiting too); the group lost rank ", ranks);
 }
 
 // ---------------------------------------------------------------------------------------------

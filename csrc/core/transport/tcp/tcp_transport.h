@@ -77,6 +77,7 @@ class TcpTransport final : public Transport, public RingLinks {
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override;
   bool onIoThread() const override { return loop_.onLoopThread(); }
   void reportFailure(uint64_t seq, const std::string& message, int lostRank) override;
+  std::string judgeTimeout(int peer) override;
   std::exception_ptr peerFailure(int peer) override;
   void abort(const std::string& reason) override;
 
@@ -141,8 +142,6 @@ class TcpTransport final : public Transport, public RingLinks {
   void setLoopReading(int peer, bool reading);
   // Waits for a request that the loop moves, counted by setLoopReading as a reader of `peer` (or of
   // every peer, kAnyPeer).
-  // wait() itself, whose timeout wait() notes in the ledger.
-  void waitFor(const std::shared_ptr<Request>& request, Clock::time_point deadline, const std::string& context);
   void waitForLoop(Request& request, int peer, Clock::time_point deadline, const std::string& context);
   // Ends a linger at once (a posted receive may complete with no thread waiting for it).
   void endLinger(int peer);
@@ -168,7 +167,7 @@ class TcpTransport final : public Transport, public RingLinks {
   const Logger logger_;
   const std::string context_;  // "[rank r/p]"
 
-  OpLedger& ledger_;  // told of timeouts (wait); the matcher judges frames by it
+  OpLedger& ledger_;  // told of timeouts (judgeTimeout); the matcher judges frames by it
   WireCounters counters_;
   Socket listener_;
   EventLoop loop_;
