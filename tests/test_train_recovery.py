@@ -7,7 +7,8 @@ model with batch 4) and independent ones run side by side, so the file takes abo
 cores. Every run goes over TCP (PYCOMM_TRANSPORT=tcp), so that the per-rank byte counters see
 the gradient all-reduce, and uses the fp16 hook with error feedback, so that a checkpoint must
 carry each rank's residuals for the losses to match. The checks of bad checkpoints and of the
-pieces (atomic writes, the fault marker, the residuals' layout) run in this process.
+pieces (atomic writes, the fault marker, the residuals' layout) run in this process. With
+PYCOMM_FULL_SWEEP=1 and root, the torchrun restart also runs across two namespace hosts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from cli_runs import assert_exit_0, run_python, source_root
+from cli_runs import assert_exit_0, command_env, run_python, source_root
 from support import import_pycomm_or_skip
 
 _pycomm = import_pycomm_or_skip("python -m pycomm.train")
@@ -139,6 +141,61 @@ def test_accumulation_all_reduces_once_per_optimizer_step(runs: dict[str, Any]) 
     assert (WORLD - 1) / WORLD * fp16 <= once["per_step_and_rank"]["payload_sent"] <= 2.05 * (WORLD - 1) / WORLD * fp16
     per_micro = accum["per_micro_batch_and_rank"]["payload_sent"]
     assert per_micro == pytest.approx(accum["per_step_and_rank"]["payload_sent"] / 4)
+
+
+def _netns() -> tuple[Any, str | None]:
+    sys.path.insert(0, str(SOURCE_ROOT / "benchmarks"))
+    import netns  # the namespace-hosts testbed that test_multihost.py uses
+
+    return netns.Testbed, netns.available()
+
+
+TESTBED, NO_NETNS = _netns()
+
+
+def on_two_hosts(tmp: Path) -> dict[str, Any]:
+    """One rank on each of two namespace hosts, under a torchrun agent each, rank 1 killed in step 5."""
+    log, ckpt = tmp / "hosts.json", tmp / "hosts"
+    # Each agent counts its own restarts, so the workers' keys cannot be told apart by that
+    # count across nodes: rank 0 serves a fresh store per restart instead (see launch._agent_store).
+    env = {**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYCOMM_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+    train = ["-m", "pycomm.train", "--json", str(log), *RUN, "--checkpoint-dir", str(ckpt),
+             "--checkpoint-every", str(EVERY), *FAULT]  # fmt: skip
+    with TESTBED(hosts=2) as bed:
+        agent = ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "2",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{bed.address(0)}:29533", "--rdzv-id", "recovery"]
+        procs = [
+            bed.popen(host, [sys.executable, *agent, "--rdzv-conf", f"is_host={host == 0}",
+                             "--local-addr", bed.address(host), *train],
+                      env=command_env(SOURCE_ROOT, env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for host in range(2)
+        ]  # fmt: skip
+        try:
+            outputs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+    for host, (proc, output) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"host {host}: exit {proc.returncode}\n{output[-4000:]}"
+    document: dict[str, Any] = json.loads(log.read_text())
+    document["_output"] = "".join(outputs)
+    return document
+
+
+@pytest.mark.skipif(NO_NETNS is not None, reason=f"namespace hosts unavailable: {NO_NETNS}")
+@pytest.mark.skipif(os.environ.get("PYCOMM_FULL_SWEEP") != "1", reason="another 45 s: with PYCOMM_FULL_SWEEP=1")
+def test_torchrun_restart_across_two_hosts(tmp_path: Path) -> None:
+    reference, hosts = side_by_side(
+        lambda: trainer(tmp_path / "pair.json", None, "--nproc", "2"),
+        lambda: subprocess.CompletedProcess([], 0, json.dumps(on_two_hosts(tmp_path)), ""),
+    )
+    whole, restarted = log_of(reference, tmp_path / "pair.json"), json.loads(hosts.stdout)
+    assert restarted["config"]["world_size"] == 2 and restarted["resumed_from_step"] == EVERY
+    assert restarted["_output"].count(FAULT_LINE) == 1
+    assert restarted["train_loss"] == whole["train_loss"]
+    assert restarted["val_loss"] == whole["val_loss"]
 
 
 # Bad checkpoints: usage errors (exit 2, one line), found before any rank starts. In this

@@ -90,9 +90,16 @@ def _agent_store(timeout: datetime.timedelta) -> dist.Store | None:
     new store is made per restart; with the shared store it is not). The workers of a restart
     then read the keys their killed predecessors wrote, such as a dead rank's listening
     address, and fail to connect. A prefix per restart gives each incarnation keys of its own.
+
+    Only on one node: each node's agent counts its own restarts (one whose workers were
+    stopped because another node's failed may not count it), so across nodes the counts can
+    disagree. There, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (read by the agents) makes rank 0
+    serve a new store on a new port for every restart instead, and this returns None.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None  # rank 0 serves a new store per restart: no stale keys
+    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        return None  # several nodes: see above
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )
