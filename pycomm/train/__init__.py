@@ -1,6 +1,6 @@
 """pycomm.train: a thin data-parallel trainer that exercises pycomm under DDP.
 
-A character-level transformer (``--model small``, tiny, or ``large``, with a
+A character-level transformer (``--model small`` or ``large``, the latter with a
 hashed n-gram embedding of tens of millions of parameters) learns the Python
 standard library's own source (a corpus every machine with Python has), data
 parallel over ``--backend pycomm|gloo`` with an optional gradient-compression

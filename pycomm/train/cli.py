@@ -8,6 +8,7 @@ precise line is what a CI log needs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from pycomm.ranks import under_torchrun
-from pycomm.train.config import BACKENDS, EXIT_FAIL, EXIT_USAGE, HOOKS, MODELS, TrainConfig
+from pycomm.train.config import BACKENDS, EXIT_FAIL, EXIT_USAGE, FAIL_SIGNALS, HOOKS, MODELS, TrainConfig
 
 PROG = "pycomm.train"
 
@@ -93,6 +94,36 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="process-group timeout: a hung collective fails after this long (default 120)",
     )
+    p.add_argument(
+        "--accum-steps",
+        type=_number(int, 1, True),
+        default=1,
+        metavar="K",
+        help="micro-batches per optimizer step; gradients are all-reduced once per step, after the "
+        "K-th (DDP no_sync on the others) (default 1)",
+    )
+    ckpt = p.add_argument_group("checkpoints", "rank 0 writes them atomically; a run resumes from the newest")
+    ckpt.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="write checkpoints here (the same directory for every rank); a run whose DIR holds one resumes from it",
+    )
+    ckpt.add_argument(
+        "--checkpoint-every",
+        type=_number(int, 0, True),
+        default=0,
+        metavar="N",
+        help="checkpoint every N steps, and after the last; 0: only after the last (default 0)",
+    )
+    ckpt.add_argument("--resume", action="store_true", help="resume from DIR's newest checkpoint; an error if none")
+    faults = p.add_argument_group("fault injection", "for tests and demos; fires once per run, not after a restart")
+    faults.add_argument("--fail-rank", type=_number(int, 0, True), default=None, metavar="R", help="the rank to fail")
+    faults.add_argument(
+        "--fail-at-step", type=_number(int, 1, True), default=None, metavar="S", help="the step (1-based) it fails in"
+    )
+    faults.add_argument(
+        "--fail-signal", choices=FAIL_SIGNALS, default="KILL", help="the signal it sends itself (default KILL)"
+    )
     return p
 
 
@@ -118,7 +149,14 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
         check_hook(args.hook, args.error_feedback)
     except HookUnavailable as exc:
         raise UsageError(str(exc)) from None
-    return TrainConfig.for_model(
+    _check_fault_flags(args)
+    if args.checkpoint_dir is None:
+        for flag, given in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every)):
+            if given:
+                raise UsageError(f"{flag} needs --checkpoint-dir")
+    elif os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+        raise UsageError(f"--checkpoint-dir: {args.checkpoint_dir!r} is not a directory")
+    config = TrainConfig.for_model(
         args.model,
         backend=args.backend,
         hook=args.hook,
@@ -132,7 +170,32 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
         plot_path=args.plot,
         nproc=args.nproc,
         timeout_s=args.timeout,
+        accum_steps=args.accum_steps,
+        checkpoint_dir=None if args.checkpoint_dir is None else os.path.abspath(args.checkpoint_dir),
+        checkpoint_every=args.checkpoint_every,
+        fail_rank=args.fail_rank,
+        fail_at_step=args.fail_at_step,
+        fail_signal=args.fail_signal,
     )
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else config.nproc
+    if config.fail_rank is not None and config.fail_rank >= world:
+        raise UsageError(f"--fail-rank {config.fail_rank} is not a rank of world size {world}")
+    if config.fail_at_step is not None and config.fail_at_step > config.steps:
+        raise UsageError(f"--fail-at-step {config.fail_at_step} is past --steps {config.steps}")
+    if config.checkpoint_dir is None:
+        return config
+    from pycomm.train.checkpoint import CheckpointError, resume_point
+
+    try:
+        latest = resume_point(config.checkpoint_dir, config, world, required=args.resume)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+    return config if latest is None else dataclasses.replace(config, resume_path=latest.path)
+
+
+def _check_fault_flags(args: argparse.Namespace) -> None:
+    if (args.fail_rank is None) != (args.fail_at_step is None):
+        raise UsageError("--fail-rank and --fail-at-step go together")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

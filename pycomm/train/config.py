@@ -6,6 +6,7 @@ import dataclasses
 
 BACKENDS = ("pycomm", "gloo")
 HOOKS = ("none", "fp16", "bf16", "fp8")
+FAIL_SIGNALS = ("KILL", "STOP")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,19 @@ class TrainConfig:
     fused_adamw: bool = False
     corpus_bytes: int = 3 << 20
     val_windows: int = 32  # validation sequences in total, split across ranks
+    # Gradient accumulation: micro-batches per optimizer step; DDP synchronizes on the last only.
+    accum_steps: int = 1
+    # Checkpoints (pycomm.train.checkpoint): rank 0 writes to checkpoint_dir every
+    # checkpoint_every steps (0: only after the last); resume_path is the checkpoint
+    # this run starts from, resolved by the CLI (None: from step 0).
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume_path: str | None = None
+    # Fault injection (pycomm.train.faults): rank fail_rank sends itself SIGfail_signal
+    # during step fail_at_step (1-based), once per run.
+    fail_rank: int | None = None
+    fail_at_step: int | None = None
+    fail_signal: str = "KILL"
 
     @classmethod
     def for_model(cls, model: str = "small", *, batch_size: int | None = None, **settings: object) -> TrainConfig:
@@ -92,4 +106,5 @@ class TrainConfig:
         )
 
     def tokens_per_step(self, world: int) -> int:
-        return world * self.batch_size * self.context
+        """Tokens of one optimizer step, all ranks and micro-batches together."""
+        return world * self.accum_steps * self.batch_size * self.context

@@ -109,7 +109,12 @@ def batch_seed(seed: int, rank: int, step: int) -> int:
 def train_batch(
     tokens: torch.Tensor, batch_size: int, context: int, seed: int, rank: int, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random windows for (seed, rank, step): inputs and next-byte targets, both (batch, context) int64."""
+    """Random windows for (seed, rank, step): inputs and next-byte targets, both (batch, context) int64.
+
+    ``step`` counts micro-batches from 0: with ``--accum-steps K`` optimizer step s draws
+    s*K .. s*K+K-1, so with K = 1 it is the step, and the data position a checkpoint records is
+    just the number of micro-batches drawn.
+    """
     generator = torch.Generator().manual_seed(batch_seed(seed, rank, step))
     # A window is context + 1 bytes (inputs and the byte after each), so the
     # last start is numel - context - 1; randint's high is exclusive.

@@ -69,12 +69,41 @@ def run_existing_rank(config: TrainConfig) -> int:
     rank = int(os.environ["RANK"])
 
     def join(timeout: datetime.timedelta) -> None:
-        dist.init_process_group(config.backend, init_method="env://", timeout=timeout)
+        store = _agent_store(timeout)
+        if store is None:
+            dist.init_process_group(config.backend, init_method="env://", timeout=timeout)
+        else:
+            world = int(os.environ["WORLD_SIZE"])
+            dist.init_process_group(config.backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
     code, message = run_rank(config, rank, join)
     if message:
         print(f"pycomm.train: error: rank {rank}: {message}", file=sys.stderr, flush=True)
     return code
+
+
+def _agent_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """The torchrun agent's store, with a prefix of its own for each restart; None: not shared.
+
+    With the c10d rendezvous torchrun's agent shares its own store with the workers and keeps it
+    across restarts, and env:// uses it without any per-restart prefix (torch's comment says a
+    new store is made per restart; with the shared store it is not). The workers of a restart
+    then read the keys their killed predecessors wrote, such as a dead rank's listening
+    address, and fail to connect. A prefix per restart gives each incarnation keys of its own.
+
+    Only on one node: each node's agent counts its own restarts (one whose workers were
+    stopped because another node's failed may not count it), so across nodes the counts can
+    disagree. There, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (read by the agents) makes rank 0
+    serve a new store on a new port for every restart instead, and this returns None.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None  # rank 0 serves a new store per restart: no stale keys
+    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        return None  # several nodes: see above
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"pycomm.train/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def spawn_entry(config: TrainConfig, rank: int, world: int, store_port: int, results: mp.Queue) -> None:  # type: ignore[type-arg]

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from pycomm.train import data
+from pycomm.train import checkpoint, data
 from pycomm.train.config import TrainConfig
+from pycomm.train.faults import FaultPlan
 from pycomm.train.hooks import CommTimer, choose_hook
 from pycomm.train.memory import keep_freed_memory
 from pycomm.train.model import CharTransformer, lm_loss, parameter_count
+from pycomm.train.residuals import ResidualLayout
 from pycomm.train.wire import FIELDS as WIRE_FIELDS
 from pycomm.train.wire import WireCounter
 
@@ -44,12 +48,59 @@ class TrainResult:
     gradient_bytes: int  # fp32 bytes of one rank's gradient: what an uncompressed all-reduce reduces
     exposed_comm_share: float  # exposed comm / step time over the timed steps, averaged over ranks
     heap_kept: bool  # whether memory.keep_freed_memory took effect on rank 0
+    resumed_from_step: int | None = None  # steps the checkpoint this run resumed from had done
 
 
 def warmup_steps(steps: int) -> int:
     # The first step pays one-off costs (allocations, DDP's lazy setup) that
     # would skew throughput at tens of steps; it is left out of the figures.
     return 1 if steps > 1 else 0
+
+
+@dataclasses.dataclass
+class _Tables:
+    """Per-step figures, one row per rank: each rank fills its own row, a sum gathers them.
+
+    Per rank (not only rank 0) so that a checkpoint holds every rank's rows, and each rank of a
+    resumed run takes its own back.
+    """
+
+    loss: torch.Tensor  # [world, steps] float64: each step's (mean micro-batch) loss
+    times: torch.Tensor  # [world, steps, 3] float64: wall time, comm busy time, exposed comm time
+    wire: torch.Tensor  # [world, steps, len(WIRE_FIELDS)] int64: bytes, see wire.py
+
+    @classmethod
+    def zeros(cls, world: int, steps: int) -> _Tables:
+        return cls(
+            torch.zeros(world, steps, dtype=torch.float64),
+            torch.zeros(world, steps, 3, dtype=torch.float64),
+            torch.zeros(world, steps, len(WIRE_FIELDS), dtype=torch.int64),
+        )
+
+    def gathered(self) -> _Tables:
+        """Every rank's rows on every rank (a copy). Collective."""
+        copies = _Tables(self.loss.clone(), self.times.clone(), self.wire.clone())
+        for table in (copies.loss, copies.times, copies.wire):
+            dist.all_reduce(table)
+        return copies
+
+
+@dataclasses.dataclass
+class _Run:
+    """One rank's training state: what a step changes and what a checkpoint holds."""
+
+    config: TrainConfig
+    rank: int
+    world: int
+    corpus: data.Corpus
+    model: CharTransformer
+    ddp: DistributedDataParallel
+    optimizer: torch.optim.Optimizer
+    hook_state: Any
+    residuals: ResidualLayout | None
+    fault: FaultPlan | None
+    tables: _Tables
+    val_losses: list[tuple[int, float]]
 
 
 def train(config: TrainConfig, on_progress: bool) -> TrainResult:
@@ -71,67 +122,72 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
     ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
     choice = choose_hook(config.hook, config.error_feedback)
     timer = CommTimer()
-    ddp.register_comm_hook(choice.state, timer.wrap(choice.hook))
+    residuals = ResidualLayout(list(model.parameters())) if config.error_feedback else None
+    hook = residuals.wrap(choice.hook) if residuals is not None else choice.hook
+    ddp.register_comm_hook(choice.state, timer.wrap(hook))
     # fused=None is torch's default (a per-parameter loop on CPU): the small
     # model's results predate the option and stay as they were.
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=config.lr, fused=True if config.fused_adamw else None)
     wire = WireCounter()
-
-    local_loss = torch.zeros(config.steps, dtype=torch.float64)
-    # Per step: wall time, comm busy time, exposed comm time; and the wire counts.
-    local_times = torch.zeros(world, config.steps, 3, dtype=torch.float64)
-    local_wire = torch.zeros(world, config.steps, len(WIRE_FIELDS), dtype=torch.int64)
+    run = _Run(
+        config, rank, world, corpus, model, ddp, optimizer, choice.state, residuals, FaultPlan.of(config),
+        _Tables.zeros(world, config.steps), [],
+    )
+    start = 0
+    if config.resume_path is not None:
+        start = _resume(run, on_progress)
+        _lay_out_buckets(run)
+        timer.take()  # its all-reduce is no step's
+    else:
+        # Validation before the first step too: the curve then starts at the
+        # untrained loss (about ln 256 = 5.55 nats per byte).
+        run.val_losses.append((0, evaluate(model, corpus, config, rank, world)))
     buckets = 0
-    # Validation before the first step too: the curve then starts at the
-    # untrained loss (about ln 256 = 5.55 nats per byte).
-    val_losses: list[tuple[int, float]] = [(0, evaluate(model, corpus, config, rank, world))]
-    for step in range(config.steps):
-        wire.start()  # evaluation's collectives are not the step's
-        start = time.perf_counter()
-        # The batch is a function of (seed, rank, step) alone.
-        inputs, targets = data.train_batch(corpus.train, config.batch_size, config.context, config.seed, rank, step)
-        optimizer.zero_grad(set_to_none=True)
-        loss = lm_loss(ddp(inputs), targets)
-        loss.backward()  # DDP all-reduces gradients through the hook here
-        torch.nn.utils.clip_grad_norm_(ddp.parameters(), GRAD_CLIP)
-        optimizer.step()
-        local_loss[step] = loss.item()
-        elapsed = time.perf_counter() - start
+    for step in range(start, config.steps):
+        wire.start()  # evaluation's and checkpoints' collectives are not the step's
+        began = time.perf_counter()
+        # A lost rank makes the step's all-reduce raise out of _optimizer_step;
+        # a recovery policy (carrying on without the rank) belongs around this call.
+        loss = _optimizer_step(run, step)
+        elapsed = time.perf_counter() - began
         comm = timer.take()
         buckets = comm.buckets
-        local_times[rank, step] = torch.tensor([elapsed, comm.busy_s, comm.exposed_s], dtype=torch.float64)
-        local_wire[rank, step] = torch.tensor(wire.take(), dtype=torch.int64)
+        run.tables.loss[rank, step] = loss
+        run.tables.times[rank, step] = torch.tensor([elapsed, comm.busy_s, comm.exposed_s], dtype=torch.float64)
+        run.tables.wire[rank, step] = torch.tensor(wire.take(), dtype=torch.int64)
         done = step + 1
         if done == config.steps or (config.eval_every and done % config.eval_every == 0):
             val = evaluate(model, corpus, config, rank, world)
-            val_losses.append((done, val))
+            run.val_losses.append((done, val))
             if on_progress:
                 print(
-                    f"step {done}/{config.steps}  train {local_loss[step].item():.4f} (rank 0)  val {val:.4f}  "
+                    f"step {done}/{config.steps}  train {loss:.4f} (rank 0)  val {val:.4f}  "
                     f"step {elapsed:.3f} s, exposed comm {comm.exposed_s:.3f} s (rank 0)",
                     flush=True,
                 )
+        if config.checkpoint_dir is not None and (
+            done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0)
+        ):
+            _write_checkpoint(run, done, on_progress)
 
     # A few collectives for all per-step figures at the end, not some per
     # step: per-step ones would add communication that the hook timer does not
-    # see. Each rank fills its own row of the zeroed tables; the sum gathers them.
-    dist.all_reduce(local_loss)
-    dist.all_reduce(local_times)
-    dist.all_reduce(local_wire)
-    train_loss = (local_loss / world).tolist()
+    # see. Each rank fills its own rows of the zeroed tables; the sum gathers them.
+    tables = run.tables.gathered()
+    train_loss = (tables.loss.sum(dim=0) / world).tolist()
     skip = warmup_steps(config.steps)
     timed = config.steps - skip
     # Sums over the timed steps, then the mean over ranks.
-    step_sum, busy_sum, exposed_sum = local_times[:, skip:].sum(dim=1).mean(dim=0).tolist()
-    times = local_times.tolist()
-    wire_rows = local_wire.tolist()
+    step_sum, busy_sum, exposed_sum = tables.times[:, skip:].sum(dim=1).mean(dim=0).tolist()
+    times = tables.times.tolist()
+    wire_rows = tables.wire.tolist()
     return TrainResult(
         world_size=world,
         hook_impl=choice.impl,
         parameters=parameter_count(model),
         corpus=corpus.describe(),
         train_loss=train_loss,
-        val_loss=val_losses,
+        val_loss=run.val_losses,
         step_time_s=[row[0] for row in times[0]],
         comm_time_s=[row[1] for row in times[0]],
         buckets_per_step=buckets,
@@ -147,7 +203,134 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
         gradient_bytes=4 * sum(p.numel() for p in model.parameters() if p.requires_grad),
         exposed_comm_share=exposed_sum / step_sum if step_sum > 0 else 0.0,
         heap_kept=heap_kept,
+        resumed_from_step=start if config.resume_path is not None else None,
     )
+
+
+def _optimizer_step(run: _Run, step: int) -> float:
+    """One optimizer step (0-based ``step``): accum_steps micro-batches, one gradient all-reduce.
+
+    DDP's no_sync() on all micro-batches but the last: their gradients accumulate locally, and
+    the last one's backward all-reduces the sum, once. Returns the mean micro-batch loss.
+    """
+    config, accum = run.config, run.config.accum_steps
+    run.optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for micro in range(accum):
+        # The batch is a function of (seed, rank, micro-batch index) alone; with one
+        # micro-batch per step that index is the step, as it was before accumulation.
+        inputs, targets = data.train_batch(
+            run.corpus.train, config.batch_size, config.context, config.seed, run.rank, step * accum + micro
+        )
+        last = micro == accum - 1
+        with contextlib.nullcontext() if last else run.ddp.no_sync():
+            loss = lm_loss(run.ddp(inputs), targets)
+            if last and run.fault is not None:
+                run.fault.maybe_fire(run.rank, step + 1)  # the peers are about to wait in this all-reduce
+            # Scaled so that the accumulated gradient is the mean over micro-batches;
+            # not at all with one, so such a run is bit for bit what it was before.
+            (loss if accum == 1 else loss / accum).backward()  # the last one all-reduces (through the hook)
+        total += loss.item()
+    torch.nn.utils.clip_grad_norm_(run.ddp.parameters(), GRAD_CLIP)
+    run.optimizer.step()
+    return total / accum
+
+
+def _lay_out_buckets(run: _Run) -> None:
+    """Make DDP lay out its buckets as the interrupted run had them, before the first resumed step.
+
+    DDP buckets the gradients one way for the first step, then lays them out again, once, by
+    the order in which the first backward produced them. The layout decides which rank reduces
+    which elements, the blocks a codec scales together and where each error-feedback residual
+    sits, so a resumed run whose first step used the initial layout would not reproduce the
+    uninterrupted run's numbers. One forward and backward records that order (its all-reduce
+    makes this collective); nothing it computes is kept: the next step clears the gradients,
+    and the hook's residuals are set aside meanwhile.
+    """
+    config = run.config
+    inputs, targets = data.train_batch(run.corpus.train, config.batch_size, config.context, config.seed, run.rank, 0)
+    aside = run.residuals.set_aside(run.hook_state) if run.residuals is not None else contextlib.nullcontext()
+    with aside:
+        lm_loss(run.ddp(inputs), targets).backward()
+    run.optimizer.zero_grad(set_to_none=True)
+
+
+def _write_checkpoint(run: _Run, done: int, on_progress: bool) -> None:
+    """Every rank's share of a checkpoint after ``done`` steps; rank 0 writes it. Collective."""
+    began = time.perf_counter()
+    tables = run.tables.gathered()  # rank 0 needs every rank's rows
+    residuals = _gathered_residuals(run)  # and every rank's residuals, each rank's its own
+    if run.rank != 0:
+        return
+    state = {
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "rng": checkpoint.rng_states(),
+        "data": {"micro_batches": done * run.config.accum_steps},
+        "residuals": residuals,
+        "history": {
+            "loss": tables.loss[:, :done],
+            "times": tables.times[:, :done],
+            "wire": tables.wire[:, :done],
+            "val_loss": [[step, loss] for step, loss in run.val_losses],
+        },
+    }
+    path = checkpoint.save(run.config.checkpoint_dir or "", checkpoint.Header.of_run(run.config, run.world, done), state)
+    if on_progress:
+        print(f"checkpoint {path} after step {done} ({time.perf_counter() - began:.3f} s)", flush=True)
+
+
+def _gathered_residuals(run: _Run) -> torch.Tensor | None:
+    """Every rank's error-feedback residuals, [world, parameters] (all of them, flat); None without. Collective.
+
+    Each rank's residuals are its own (what its encoding dropped), so each rank's are saved.
+    """
+    if run.residuals is None:
+        return None
+    pieces = run.residuals.by_parameter(run.hook_state.residuals)
+    flat = torch.cat(
+        [pieces.get(i, torch.zeros(p.numel())).reshape(-1) for i, p in enumerate(run.model.parameters())]
+    ).to(torch.float32)
+    rows = [torch.empty_like(flat) for _ in range(run.world)]
+    dist.all_gather(rows, flat)
+    return torch.stack(rows)
+
+
+def _resume(run: _Run, on_progress: bool) -> int:
+    """Load the checkpoint the CLI chose into this rank's state; returns the steps it had done."""
+    config = run.config
+    latest = checkpoint.find_latest(config.checkpoint_dir or "")
+    if latest is None or latest.path != config.resume_path:
+        raise checkpoint.CheckpointError(f"{config.checkpoint_dir} changed since the run started: no {config.resume_path}")
+    state = checkpoint.load(latest)
+    done = latest.header.step
+    # Ranks that read different checkpoints (a directory not shared between hosts) must not train on.
+    spread = torch.tensor([done, -done], dtype=torch.int64)
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    if spread[0].item() != -spread[1].item():
+        raise checkpoint.CheckpointError(
+            f"ranks resume from different steps ({-spread[1].item()} to {spread[0].item()}): "
+            "is the checkpoint directory shared by every host?"
+        )
+    if state["data"]["micro_batches"] != done * config.accum_steps:
+        raise checkpoint.CheckpointError(f"checkpoint {latest.path}: data position disagrees with its step")
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    checkpoint.restore_rng_states(state["rng"])
+    if run.residuals is not None:
+        # This rank's row, cut back into its parameters' slices.
+        row = state["residuals"][run.rank]
+        sizes = [p.numel() for p in run.model.parameters()]
+        run.residuals.restore(dict(enumerate(row.split(sizes))))
+    history = state["history"]
+    rank = run.rank
+    run.tables.loss[rank, :done] = history["loss"][rank]
+    run.tables.times[rank, :done] = history["times"][rank]
+    run.tables.wire[rank, :done] = history["wire"][rank]
+    run.val_losses[:] = [(int(step), float(loss)) for step, loss in history["val_loss"]]
+    if on_progress:
+        print(f"resuming from {latest.path}: step {done} of {config.steps} done", flush=True)
+    return done
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ WIRE_METHOD = (
     "pycomm.stats() deltas around each step, per rank: socket_* = frame bytes through TCP sockets, "
     "shm_ring_sent = frame bytes through same-host shared-memory rings, payload_sent = the collectives' "
     "own count; fp32 all-reduce as a one-host shared-memory collective counts nothing (PYCOMM_TRANSPORT=tcp "
-    "sends it over sockets)"
+    "sends it over sockets); a step is an optimizer step, all of its --accum-steps micro-batches"
 )
 MB = 1e6
 
@@ -84,14 +84,17 @@ def summary(config: TrainConfig, result: TrainResult) -> str:
     )
     if result.wire_counted:
         wire = per_step_wire(result)
+        per_micro = f" (a step: one optimizer step, {config.accum_steps} micro-batches)" if config.accum_steps > 1 else ""
         lines.append(
-            f"  bytes per step and rank: socket sent {wire['socket_sent'] / MB:.2f} MB, received "
+            f"  bytes per step and rank{per_micro}: socket sent {wire['socket_sent'] / MB:.2f} MB, received "
             f"{wire['socket_received'] / MB:.2f} MB, shm rings {wire['shm_ring_sent'] / MB:.2f} MB, "
             f"payload {wire['payload_sent'] / MB:.2f} MB; fp32 gradient {result.gradient_bytes / MB:.2f} MB; "
             f"in total (all ranks and steps) {wire_totals(result)['socket_sent'] / MB:,.1f} MB sent over sockets"
         )
     else:
         lines.append(f"  bytes: not counted over {config.backend} (pycomm only)")
+    if result.resumed_from_step is not None:
+        lines.append(f"  resumed from a checkpoint after step {result.resumed_from_step}; earlier figures are from its run")
     lines.append("  val loss: " + ", ".join(f"step {step} {loss:.4f}" for step, loss in result.val_loss))
     lines.append("  train loss: " + ", ".join(f"step {step} {loss:.4f}" for step, loss in _train_points(result)))
     return "\n".join(lines)
@@ -117,6 +120,7 @@ def as_json(config: TrainConfig, result: TrainResult) -> dict[str, Any]:
             "torch": torch.__version__,
             "python": platform.python_version(),
         },
+        "resumed_from_step": result.resumed_from_step,
         "train_loss": result.train_loss,
         "val_loss": [{"step": step, "loss": loss} for step, loss in result.val_loss],
         "step_time_s": result.step_time_s,
@@ -135,7 +139,10 @@ def as_json(config: TrainConfig, result: TrainResult) -> dict[str, Any]:
         "wire": {
             "counted": result.wire_counted,
             "gradient_bytes": result.gradient_bytes,
-            "per_step_and_rank": per_step_wire(result),
+            "per_step_and_rank": per_step_wire(result),  # a step is an optimizer step (all its micro-batches)
+            "per_micro_batch_and_rank": {
+                field: count / config.accum_steps for field, count in per_step_wire(result).items()
+            },
             "total": wire_totals(result),
             "by_rank": result.wire_bytes,
             "method": WIRE_METHOD,
