@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint every N steps, and after the last; 0: only after the last (default 0)",
     )
     ckpt.add_argument("--resume", action="store_true", help="resume from DIR's newest checkpoint; an error if none")
+    p.add_argument(
+        "--on-failure",
+        choices=("stop", "shrink"),
+        default="stop",
+        help="when a rank is lost: stop (the run fails; under torchrun --max-restarts it restarts from the last "
+        "checkpoint) or shrink (the others shrink the group and finish without it) (default stop)",
+    )
     faults = p.add_argument_group("fault injection", "for tests and demos; fires once per run, not after a restart")
     faults.add_argument("--fail-rank", type=_number(int, 0, True), default=None, metavar="R", help="the rank to fail")
     faults.add_argument(
@@ -150,6 +157,14 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     except HookUnavailable as exc:
         raise UsageError(str(exc)) from None
     _check_fault_flags(args)
+    if args.on_failure == "shrink":
+        if args.backend != "pycomm":
+            raise UsageError("--on-failure shrink needs --backend pycomm (the only CPU backend that shrinks)")
+        if args.checkpoint_dir is not None:
+            raise UsageError("--on-failure shrink and --checkpoint-dir are two recoveries: choose one")
+        if under_torchrun():
+            raise UsageError("--on-failure shrink needs the trainer's own launcher (--nproc): torchrun's agent "
+                             "restarts every worker when one is lost")
     if args.checkpoint_dir is None:
         for flag, given in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every)):
             if given:
@@ -176,6 +191,7 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
         fail_rank=args.fail_rank,
         fail_at_step=args.fail_at_step,
         fail_signal=args.fail_signal,
+        on_failure=args.on_failure,
     )
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else config.nproc
     if config.fail_rank is not None and config.fail_rank >= world:

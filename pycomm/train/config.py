@@ -85,6 +85,9 @@ class TrainConfig:
     fail_rank: int | None = None
     fail_at_step: int | None = None
     fail_signal: str = "KILL"
+    # What a lost rank does to the run: "stop" (the run fails; a torchrun restart resumes it from a
+    # checkpoint) or "shrink" (the survivors carry on without it: pycomm.train.recovery).
+    on_failure: str = "stop"
 
     @classmethod
     def for_model(cls, model: str = "small", *, batch_size: int | None = None, **settings: object) -> TrainConfig:

@@ -25,8 +25,11 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 400 else text[:397] + "..."
 
 
-def run_rank(config: TrainConfig, rank: int, join: Callable[[datetime.timedelta], None]) -> tuple[int, str | None]:
-    """Join the process group, train, and (rank 0) report. Returns (exit code, one-line error or None)."""
+def run_rank(
+    config: TrainConfig, rank: int, join: Callable[[datetime.timedelta], None]
+) -> tuple[int, str | None, list[int]]:
+    """Join the process group, train, and (rank 0) report. Returns (exit code, one-line error or None,
+    the starting ranks the run lost and went on without: --on-failure shrink)."""
     # One intra-op thread per rank: ranks share the host's cores (2 on CI),
     # and a full pool in each would oversubscribe them and make timing noise.
     torch.set_num_threads(1)
@@ -37,14 +40,14 @@ def run_rank(config: TrainConfig, rank: int, join: Callable[[datetime.timedelta]
         join(timeout)
     except Exception as exc:  # noqa: BLE001
         _maybe_traceback()
-        return EXIT_FAIL, f"cannot join the {config.backend} process group: {one_line(exc)}"
+        return EXIT_FAIL, f"cannot join the {config.backend} process group: {one_line(exc)}", []
     try:
         # Deferred: loop imports the model and data code, which --help never needs.
         from pycomm.train import report
         from pycomm.train.loop import train
 
         result = train(config, on_progress=rank == 0)
-        if rank == 0:
+        if dist.get_rank() == 0:  # rank 0 of the group as it ends (a shrink may have renumbered it)
             print(report.summary(config, result), flush=True)
             if config.json_path:
                 report.write_json(config.json_path, report.as_json(config, result))
@@ -54,9 +57,9 @@ def run_rank(config: TrainConfig, rank: int, join: Callable[[datetime.timedelta]
         _maybe_traceback()
         # No destroy_process_group: peers may be stuck in a collective with us,
         # and tearing down could block; process exit closes the connections.
-        return EXIT_FAIL, one_line(exc)
+        return EXIT_FAIL, one_line(exc), []
     dist.destroy_process_group()
-    return EXIT_OK, None
+    return EXIT_OK, None, result.lost_ranks
 
 
 def _maybe_traceback() -> None:
@@ -76,7 +79,7 @@ def run_existing_rank(config: TrainConfig) -> int:
             world = int(os.environ["WORLD_SIZE"])
             dist.init_process_group(config.backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
-    code, message = run_rank(config, rank, join)
+    code, message, _ = run_rank(config, rank, join)
     if message:
         print(f"pycomm.train: error: rank {rank}: {message}", file=sys.stderr, flush=True)
     return code
@@ -112,11 +115,11 @@ def spawn_entry(config: TrainConfig, rank: int, world: int, store_port: int, res
         dist.init_process_group(config.backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
     try:
-        code, message = run_rank(config, rank, join)
+        code, message, lost = run_rank(config, rank, join)
     except KeyboardInterrupt:
         # Ctrl-C reaches every rank (same process group); the launcher says so once.
         sys.exit(130)
-    results.put((rank, message))
+    results.put((rank, message, lost))
     sys.exit(code)
 
 
@@ -148,21 +151,23 @@ def run_local(config: TrainConfig) -> int:
     try:
         for proc in procs:
             proc.start()
-        wait_ranks(procs)
+        if config.on_failure == "shrink":
+            reports = _wait_carrying_on(procs, results)
+        else:
+            wait_ranks(procs)
+            reports = {}
     except (KeyboardInterrupt, _Terminated) as stop:
         terminate_ranks(procs)
         return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    messages: dict[int, str] = {}
-    while True:
-        try:
-            rank, message = results.get(timeout=0.1)
-        except queue.Empty:  # every rank that reported has been read
-            break
-        if message:
-            messages[rank] = message
+    reports.update(_drain(results))
+    messages = {rank: message for rank, (message, _) in reports.items() if message}
+    lost = {r for _, ranks in reports.values() for r in ranks}
     codes = [proc.exitcode for proc in procs]
+    if lost:
+        print(f"pycomm.train: went on without rank(s) {sorted(lost)}", file=sys.stderr, flush=True)
+        codes = [0 if rank in lost else code for rank, code in enumerate(codes)]
     report_silent_deaths("pycomm.train", codes, messages)
     # Then one line per distinct problem: ranks usually fail for one reason
     # (a bad PYCOMM_* variable, a peer gone), and world copies of it bury the rest.
@@ -173,6 +178,40 @@ def run_local(config: TrainConfig) -> int:
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
         print(f"pycomm.train: error: {who}: {message}", file=sys.stderr, flush=True)
     return EXIT_OK if all(code == 0 for code in codes) else EXIT_FAIL
+
+
+def _drain(results: mp.Queue) -> dict[int, tuple[str | None, list[int]]]:  # type: ignore[type-arg]
+    """The (message, lost ranks) of every rank that reported and has not been read."""
+    reports = {}
+    while True:
+        try:
+            rank, message, lost = results.get(timeout=0.1)
+        except queue.Empty:
+            return reports
+        reports[rank] = (message, lost)
+
+
+def _wait_carrying_on(procs: list[mp.process.BaseProcess], results: mp.Queue) -> dict[int, tuple[str | None, list[int]]]:  # type: ignore[type-arg]
+    """--on-failure shrink: a rank's death does not end the others. Once every rank has reported or
+    is among the ranks the reports say were lost, a lost rank still there (a frozen one) is killed."""
+    reports: dict[int, tuple[str | None, list[int]]] = {}
+    while any(proc.is_alive() for proc in procs):
+        for proc in procs:
+            proc.join(timeout=0.05)
+        reports.update(_drain(results))
+        lost = {r for _, ranks in reports.values() for r in ranks}
+        if reports and all(rank in reports or rank in lost for rank in range(len(procs))):
+            for rank in lost:
+                if procs[rank].is_alive():
+                    procs[rank].kill()
+            for proc in procs:
+                proc.join(timeout=10)
+            break
+        if not reports and any(proc.exitcode not in (None, 0) for proc in procs) and not any(
+            proc.is_alive() for proc in procs
+        ):
+            break
+    return reports
 
 
 class _Terminated(Exception):

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from pycomm.train import checkpoint, data
+from pycomm.train import checkpoint, data, recovery
 from pycomm.train.config import TrainConfig
 from pycomm.train.faults import FaultPlan
 from pycomm.train.hooks import CommTimer, choose_hook
@@ -49,6 +49,7 @@ class TrainResult:
     exposed_comm_share: float  # exposed comm / step time over the timed steps, averaged over ranks
     heap_kept: bool  # whether memory.keep_freed_memory took effect on rank 0
     resumed_from_step: int | None = None  # steps the checkpoint this run resumed from had done
+    lost_ranks: list[int] = dataclasses.field(default_factory=list)  # --on-failure shrink: starting ranks lost
 
 
 def warmup_steps(steps: int) -> int:
@@ -90,7 +91,7 @@ class _Run:
     """One rank's training state: what a step changes and what a checkpoint holds."""
 
     config: TrainConfig
-    rank: int
+    rank: int  # in the group as it is now (a shrink renumbers it)
     world: int
     corpus: data.Corpus
     model: CharTransformer
@@ -101,6 +102,13 @@ class _Run:
     fault: FaultPlan | None
     tables: _Tables
     val_losses: list[tuple[int, float]]
+    # The rank this process started as: its batches, its rows of the tables and the fault plan's
+    # rank stay its own after a shrink.
+    data_rank: int = 0
+    shrinks: list[recovery.Shrunk] = dataclasses.field(default_factory=list)
+    failure_seen: float = 0.0  # perf_counter() when the last failure was caught here
+    members: list[int] = dataclasses.field(default_factory=list)  # starting ranks of the group now
+    lost: list[int] = dataclasses.field(default_factory=list)  # starting ranks lost, in order
 
 
 def train(config: TrainConfig, on_progress: bool) -> TrainResult:
@@ -119,19 +127,16 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
     # Gradients as views into DDP's buckets: no copy of each gradient into
     # its bucket and back per step (two passes over ~90 MB for the large
     # model); the same numbers either way.
-    ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
-    choice = choose_hook(config.hook, config.error_feedback)
     timer = CommTimer()
     residuals = ResidualLayout(list(model.parameters())) if config.error_feedback else None
-    hook = residuals.wrap(choice.hook) if residuals is not None else choice.hook
-    ddp.register_comm_hook(choice.state, timer.wrap(hook))
+    ddp, choice = _wrap(model, config, timer, residuals)
     # fused=None is torch's default (a per-parameter loop on CPU): the small
     # model's results predate the option and stay as they were.
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=config.lr, fused=True if config.fused_adamw else None)
     wire = WireCounter()
     run = _Run(
         config, rank, world, corpus, model, ddp, optimizer, choice.state, residuals, FaultPlan.of(config),
-        _Tables.zeros(world, config.steps), [],
+        _Tables.zeros(world, config.steps), [], data_rank=rank, members=list(range(world)),
     )
     start = 0
     if config.resume_path is not None:
@@ -143,12 +148,18 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
         # untrained loss (about ln 256 = 5.55 nats per byte).
         run.val_losses.append((0, evaluate(model, corpus, config, rank, world)))
     buckets = 0
-    for step in range(start, config.steps):
+    step = start
+    while step < config.steps:
         wire.start()  # evaluation's and checkpoints' collectives are not the step's
         began = time.perf_counter()
-        # A lost rank makes the step's all-reduce raise out of _optimizer_step;
-        # a recovery policy (carrying on without the rank) belongs around this call.
-        loss = _optimizer_step(run, step)
+        try:
+            loss = _optimizer_step(run, step)
+        except RuntimeError as error:
+            # A lost rank makes the step's all-reduce raise here (and on every survivor).
+            if config.on_failure != "shrink":
+                raise
+            step = _carry_on_without_lost(run, error, step, timer, on_progress)
+            continue
         elapsed = time.perf_counter() - began
         comm = timer.take()
         buckets = comm.buckets
@@ -156,8 +167,12 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
         run.tables.times[rank, step] = torch.tensor([elapsed, comm.busy_s, comm.exposed_s], dtype=torch.float64)
         run.tables.wire[rank, step] = torch.tensor(wire.take(), dtype=torch.int64)
         done = step + 1
+        step = done
+        if run.shrinks and run.shrinks[-1].next_step == done - 1 and on_progress and dist.get_rank() == 0:
+            print(f"first step on the shrunk group done {time.perf_counter() - run.failure_seen:.3f} s after the "
+                  "failure was caught", flush=True)
         if done == config.steps or (config.eval_every and done % config.eval_every == 0):
-            val = evaluate(model, corpus, config, rank, world)
+            val = evaluate(model, corpus, config, run.rank, run.world)
             run.val_losses.append((done, val))
             if on_progress:
                 print(
@@ -174,7 +189,10 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
     # step: per-step ones would add communication that the hook timer does not
     # see. Each rank fills its own rows of the zeroed tables; the sum gathers them.
     tables = run.tables.gathered()
-    train_loss = (tables.loss.sum(dim=0) / world).tolist()
+    # The mean over the ranks that ran each step (after a shrink, the lost ranks' rows are gone).
+    ran = (tables.loss != 0).sum(dim=0).clamp(min=1)
+    train_loss = (tables.loss.sum(dim=0) / ran).tolist()
+    world = run.world
     skip = warmup_steps(config.steps)
     timed = config.steps - skip
     # Sums over the timed steps, then the mean over ranks.
@@ -204,6 +222,7 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
         exposed_comm_share=exposed_sum / step_sum if step_sum > 0 else 0.0,
         heap_kept=heap_kept,
         resumed_from_step=start if config.resume_path is not None else None,
+        lost_ranks=run.lost,
     )
 
 
@@ -220,13 +239,13 @@ def _optimizer_step(run: _Run, step: int) -> float:
         # The batch is a function of (seed, rank, micro-batch index) alone; with one
         # micro-batch per step that index is the step, as it was before accumulation.
         inputs, targets = data.train_batch(
-            run.corpus.train, config.batch_size, config.context, config.seed, run.rank, step * accum + micro
+            run.corpus.train, config.batch_size, config.context, config.seed, run.data_rank, step * accum + micro
         )
         last = micro == accum - 1
         with contextlib.nullcontext() if last else run.ddp.no_sync():
             loss = lm_loss(run.ddp(inputs), targets)
             if last and run.fault is not None:
-                run.fault.maybe_fire(run.rank, step + 1)  # the peers are about to wait in this all-reduce
+                run.fault.maybe_fire(run.data_rank, step + 1)  # the peers are about to wait in this all-reduce
             # Scaled so that the accumulated gradient is the mean over micro-batches;
             # not at all with one, so such a run is bit for bit what it was before.
             (loss if accum == 1 else loss / accum).backward()  # the last one all-reduces (through the hook)
@@ -234,6 +253,40 @@ def _optimizer_step(run: _Run, step: int) -> float:
     torch.nn.utils.clip_grad_norm_(run.ddp.parameters(), GRAD_CLIP)
     run.optimizer.step()
     return total / accum
+
+
+def _wrap(
+    model: CharTransformer, config: TrainConfig, timer: CommTimer, residuals: ResidualLayout | None
+) -> tuple[DistributedDataParallel, Any]:
+    """DDP around ``model`` on the default group, with the run's comm hook timed by ``timer``."""
+    ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
+    choice = choose_hook(config.hook, config.error_feedback)
+    hook = residuals.wrap(choice.hook) if residuals is not None else choice.hook
+    ddp.register_comm_hook(choice.state, timer.wrap(hook))
+    return ddp, choice
+
+
+def _carry_on_without_lost(run: _Run, error: RuntimeError, step: int, timer: CommTimer, on_progress: bool) -> int:
+    """--on-failure shrink (recovery.py): shrink, agree on the state, rebuild DDP; returns the step to run."""
+    run.failure_seen = time.perf_counter()
+    shrunk = recovery.shrink_and_agree(error, run.model, run.optimizer, step)
+    before = run.world
+    run.lost += [run.members[r] for r in shrunk.lost]
+    run.members = [m for r, m in enumerate(run.members) if r not in shrunk.lost]
+    run.rank, run.world = shrunk.rank, shrunk.world
+    run.ddp, choice = _wrap(run.model, run.config, timer, run.residuals)
+    run.hook_state = choice.state
+    timer.take()  # the failed step's communication is no step's
+    run.shrinks.append(shrunk)
+    if on_progress or shrunk.rank == 0:
+        print(
+            f"step {step + 1}: lost rank(s) {run.lost} of {before} ({recovery.one_line(error)}); shrunk to "
+            f"{shrunk.world} ranks in {shrunk.seconds:.3f} s, going on from step {shrunk.next_step + 1}; the global "
+            f"batch is now {shrunk.world} x {run.config.batch_size} sequences",
+            flush=True,
+        )
+    return shrunk.next_step
+
 
 
 def _lay_out_buckets(run: _Run) -> None:

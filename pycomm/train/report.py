@@ -93,6 +93,9 @@ def summary(config: TrainConfig, result: TrainResult) -> str:
         )
     else:
         lines.append(f"  bytes: not counted over {config.backend} (pycomm only)")
+    if result.lost_ranks:
+        lines.append(f"  went on without rank(s) {result.lost_ranks} (--on-failure shrink): from then on the world and "
+                     f"the global batch were {result.world_size} ranks' (mean losses over the ranks that ran each step)")
     if result.resumed_from_step is not None:
         lines.append(f"  resumed from a checkpoint after step {result.resumed_from_step}; earlier figures are from its run")
     lines.append("  val loss: " + ", ".join(f"step {step} {loss:.4f}" for step, loss in result.val_loss))
@@ -121,6 +124,7 @@ def as_json(config: TrainConfig, result: TrainResult) -> dict[str, Any]:
             "python": platform.python_version(),
         },
         "resumed_from_step": result.resumed_from_step,
+        "lost_ranks": result.lost_ranks,
         "train_loss": result.train_loss,
         "val_loss": [{"step": step, "loss": loss} for step, loss in result.val_loss],
         "step_time_s": result.step_time_s,
