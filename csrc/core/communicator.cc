@@ -92,7 +92,7 @@ void Communicator::rejectCollective(const std::string& message) {
     shmBroken_ = true;
   }
   ledger_.recordOwnFailure(seq, message);
-  transport_->reportFailure(seq, message, -1);
+  transport_->reportFailure(seq, message, {});
   ledger_.retire(seq, false);
 }
 
@@ -212,7 +212,9 @@ void Communicator::waitPointToPoint(const std::shared_ptr<Request>& request, con
   try {
     transport_->wait(request, deadline, strCat(prefix(), " ", what));
   } catch (const TimeoutError& e) {
-    const TimeoutError error(strCat(e.what(), " after ", timeout.count(), " ms", transport_->judgeTimeout(request->peer())));
+    // Not judged (Transport::judgeTimeout): a point-to-point wait's timeout is the caller's choice,
+    // often short, and says nothing about the peer's health.
+    const TimeoutError error(strCat(e.what(), " after ", timeout.count(), " ms"));
     // Detached (or done meanwhile): failing it now runs its callback, which would otherwise hold
     // its Work (and the Work the request) forever, and keeps a late copy out of the caller's tensor.
     if (transport_->cancel(request, Clock::now() + std::chrono::seconds(5))) request->fail(std::make_exception_ptr(error));

@@ -104,6 +104,7 @@ void OpLedger::recordFailure(uint64_t seq, const std::string& message) {
 
 OpLedger::PeerReport OpLedger::recordPeerReport(uint64_t seq, int peer, int lost, const std::string& text) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (lost == peer) lost = -1;  // a rank cannot report itself lost
   if (lost >= 0 && lost != rank_) {
     // The group lost a rank: no collective of it can complete any more. The ops begun here fail
     // now and every later one at its start, instead of each waiting for the timeout on a peer that
@@ -133,7 +134,9 @@ OpLedger::PeerReport OpLedger::recordPeerReport(uint64_t seq, int peer, int lost
   std::string message = strCat(context_, " peer ", peer, " reported a failure: ", text);
   failedSeqs_.emplace(seq, message);
   lastFault_ = Fault::kRemote;
-  return {PeerReport::Outcome::kRecorded, std::move(message), 0, {}};
+  PeerReport report{PeerReport::Outcome::kRecorded, std::move(message), 0, {}};
+  if (!groupLost_.empty()) report.failedActive = failActiveLocked(groupLost_);  // the op running here too
+  return report;
 }
 
 std::vector<uint64_t> OpLedger::failActiveLocked(const std::string& message) {
@@ -158,11 +161,6 @@ OpLedger::Fault OpLedger::lastFault() const {
 std::vector<int> OpLedger::lostRanks() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return std::vector<int>(lostRanks_.begin(), lostRanks_.end());
-}
-
-int OpLedger::firstLostRank() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return lostRanks_.empty() ? -1 : *lostRanks_.begin();
 }
 
 }  // namespace pycomm

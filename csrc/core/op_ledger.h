@@ -90,8 +90,8 @@ class OpLedger {
     } outcome;
     std::string message;
     size_t held = 0;
-    // kLate with a lost rank: the ops begun here that failed with it (`message`): fail their
-    // posted receives.
+    // With a lost rank: the ops begun here that failed with it (the group-lost message; for kLate
+    // that is `message`): fail their posted receives.
     std::vector<uint64_t> failedActive;
   };
   PeerReport recordPeerReport(uint64_t seq, int peer, int lost, const std::string& text);
@@ -112,8 +112,6 @@ class OpLedger {
   // The ranks this rank lost or waited for past the timeout, and those its peers reported lost;
   // ascending.
   std::vector<int> lostRanks() const;
-  // One of lostRanks() to tell the peers with a failure report, or -1.
-  int firstLostRank() const;
 
  private:
   const int rank_;

@@ -24,16 +24,17 @@ c10::intrusive_ptr<::c10d::Backend> PycommBackend::shrink(const std::vector<int6
   PYCOMM_CHECK(!comm_->shutDown(), InvalidUsageError, context,
                " shrink: this group was shut down (destroyed); shrink the group before destroying it");
   const ShrinkPlan plan = planShrink(rank_, size_, ranksToExclude, context);
-  if ((shrinkFlags & kShrinkAbort) != 0) {
-    abort();
-  }
   Config next = shrunkConfig(comm_->config(), plan);
   if (optsOverride) next.timeout = clampTimeout(optsOverride->timeout);
   // Keys of their own for each shrink of this group, under the group's store: a second shrink
   // (after a failed one, or of a group made by a shrink) never reads an earlier one's keys.
   auto store = c10::make_intrusive<::c10d::PrefixStore>(strCat("pycomm/shrink/", shrinks_++), store_);
   C10dStore adapter(store);
-  agreeOnShrink(adapter, "", plan, rank_, next.timeout, context);
+  // The survivors see the failure at times up to a timeout and a probe apart: room for that.
+  agreeOnShrink(adapter, "", plan, rank_, next.timeout + std::chrono::seconds(10), context);
+  // After the agreement: aborting closes this rank's connections, which a survivor that had not
+  // read its lost ranks yet would count as this rank lost.
+  if ((shrinkFlags & kShrinkAbort) != 0) abort();
   auto shrunk = c10::make_intrusive<PycommBackend>(store, next);
   shrunk->shrinkDepth_ = shrinkDepth_ + 1;
   return shrunk;

@@ -8,13 +8,14 @@ import os
 import queue
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from pycomm.ranks import report_silent_deaths, terminate_ranks, under_torchrun, wait_ranks
+from pycomm.ranks import GRACE_S, report_silent_deaths, terminate_ranks, under_torchrun, wait_ranks
 from pycomm.train.config import EXIT_FAIL, EXIT_OK, TrainConfig
 
 TRACEBACK_ENV = "PYCOMM_TRAIN_TRACEBACK"  # =1: print full tracebacks, not one line
@@ -195,22 +196,33 @@ def _wait_carrying_on(procs: list[mp.process.BaseProcess], results: mp.Queue) ->
     """--on-failure shrink: a rank's death does not end the others. Once every rank has reported or
     is among the ranks the reports say were lost, a lost rank still there (a frozen one) is killed."""
     reports: dict[int, tuple[str | None, list[int]]] = {}
+    deadline: float | None = None
     while any(proc.is_alive() for proc in procs):
         for proc in procs:
             proc.join(timeout=0.05)
         reports.update(_drain(results))
         lost = {r for _, ranks in reports.values() for r in ranks}
         if reports and all(rank in reports or rank in lost for rank in range(len(procs))):
-            for rank in lost:
-                if procs[rank].is_alive():
-                    procs[rank].kill()
-            for proc in procs:
-                proc.join(timeout=10)
+            break  # every survivor is done: what is left is a lost rank (frozen)
+        # A survivor that failed (its recovery did not work) ends the run as wait_ranks would: the
+        # others get the grace period, then go, a frozen rank with them.
+        crashed = any(
+            proc.exitcode not in (None, 0) and rank not in lost and rank not in reports for rank, proc in enumerate(procs)
+        )
+        if deadline is None and (crashed or any(message for message, _ in reports.values())):
+            deadline = time.monotonic() + GRACE_S
+        if deadline is not None and time.monotonic() > deadline:
             break
-        if not reports and any(proc.exitcode not in (None, 0) for proc in procs) and not any(
-            proc.is_alive() for proc in procs
-        ):
-            break
+    lost = {r for _, ranks in reports.values() for r in ranks}
+    for rank in lost:
+        if procs[rank].is_alive():
+            procs[rank].kill()  # a frozen rank takes no SIGTERM
+    # The ranks that reported are on their way out; the others (after a failed recovery) get the
+    # grace period that has begun.
+    end = time.monotonic() + GRACE_S
+    for proc in procs:
+        proc.join(timeout=max(0.0, end - time.monotonic()))
+    terminate_ranks(procs)
     return reports
 
 

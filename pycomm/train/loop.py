@@ -196,9 +196,11 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
     skip = warmup_steps(config.steps)
     timed = config.steps - skip
     # Sums over the timed steps, then the mean over ranks.
-    step_sum, busy_sum, exposed_sum = tables.times[:, skip:].sum(dim=1).mean(dim=0).tolist()
+    # Over the ranks still there (after a shrink, a lost rank's row stops at its loss).
+    step_sum, busy_sum, exposed_sum = tables.times[run.members, skip:].sum(dim=1).mean(dim=0).tolist()
     times = tables.times.tolist()
     wire_rows = tables.wire.tolist()
+    first = run.members[0]  # the lowest starting rank still there: its row is "rank 0's"
     return TrainResult(
         world_size=world,
         hook_impl=choice.impl,
@@ -206,8 +208,8 @@ def train(config: TrainConfig, on_progress: bool) -> TrainResult:
         corpus=corpus.describe(),
         train_loss=train_loss,
         val_loss=run.val_losses,
-        step_time_s=[row[0] for row in times[0]],
-        comm_time_s=[row[1] for row in times[0]],
+        step_time_s=[row[0] for row in times[first]],
+        comm_time_s=[row[1] for row in times[first]],
         buckets_per_step=buckets,
         timed_steps=timed,
         tokens_per_s=config.tokens_per_step(world) * timed / step_sum if step_sum > 0 else 0.0,

@@ -39,11 +39,20 @@ def one_line(error: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+# A survivor whose op failed on another's report may hear of the lost rank a moment later (the
+# rank that waited for a frozen one probes it first); a mismatch or a bad argument never names one.
+SETTLE_S = 3.0
+
+
 def lost_ranks(error: BaseException) -> list[int]:
     """The ranks the default group lost, as pycomm saw them; re-raises ``error`` if it lost none
-    (a mismatch, a bad argument, another backend): no shrink recovers from those."""
+    within SETTLE_S (a mismatch, a bad argument, another backend): no shrink recovers from those."""
     backend = pycomm_backend(None)
-    lost = [int(r) for r in backend.failed_ranks()] if backend is not None else []
+    if backend is None:
+        raise error
+    deadline = time.monotonic() + SETTLE_S
+    while not (lost := [int(r) for r in backend.failed_ranks()]) and time.monotonic() < deadline:
+        time.sleep(0.01)
     if not lost:
         raise error
     return lost

@@ -95,7 +95,7 @@ def summary(config: TrainConfig, result: TrainResult) -> str:
         lines.append(f"  bytes: not counted over {config.backend} (pycomm only)")
     if result.lost_ranks:
         lines.append(f"  went on without rank(s) {result.lost_ranks} (--on-failure shrink): from then on the world and "
-                     f"the global batch were {result.world_size} ranks' (mean losses over the ranks that ran each step)")
+                     f"the global batch were {result.world_size} ranks' (the mean losses are over the rows of the ranks still there)")
     if result.resumed_from_step is not None:
         lines.append(f"  resumed from a checkpoint after step {result.resumed_from_step}; earlier figures are from its run")
     lines.append("  val loss: " + ", ".join(f"step {step} {loss:.4f}" for step, loss in result.val_loss))

@@ -195,6 +195,35 @@ void testReportOfALostRankFailsTheOpsAfterIt(bool namesLostRank) {
   EXPECT_TRUE(message.find("rank 1") != std::string::npos, "op 3 began on a group that lost rank 1: '", message, "'");
 }
 
+// Rank 0 is still in op 1 when rank 2 reports that op 2 failed there after losing rank 1: op 1
+// fails at once too (it needs rank 1 as well). A report whose lost rank is its own sender names
+// no one (a rank cannot report itself lost).
+void testReportAheadFailsTheOpRunningHere(bool selfNamed) {
+  OpLedger ledger(0, "[rank 0/3]");
+  Matcher matcher(0, kSize, "[rank 0/3]", 1 << 20, ledger);
+  const OpSignature sig = signature(OpKind::kAllreduce, -1);
+  ledger.begin(1, sig);
+  auto recv = std::make_shared<Request>(Request::Direction::kRecv, 2, nullptr, kBytes);
+  FrameInfo info;
+  info.seq = 1;
+  info.signature = sig;
+  Completions completions;
+  matcher.post(2, info, recv, completions);
+  finish(completions);
+  FrameInfo reported;
+  reported.seq = 2;
+  reported.signature.root = selfNamed ? 2 : 1;
+  const std::string text = "[rank 2/3] timed out waiting for peer 1";
+  EXPECT_TRUE(matcher.errorReport(2, makeHeader(FrameKind::kError, reported, text.size()), text, completions).empty(), "refused");
+  finish(completions);
+  if (selfNamed) {
+    EXPECT_TRUE(!recv->done() && ledger.lostRanks().empty(), "a report naming its own sender counted it lost");
+    return;
+  }
+  EXPECT_TRUE(recv->done() && recv->error() != nullptr, "op 1 still waits after a report of op 2 naming a lost rank");
+  EXPECT_TRUE(ledger.lostRanks() == std::vector<int>({1}), "lost ranks: ", ledger.lostRanks().size());
+}
+
 // Probe frames carry nothing: a ping or pong with a payload, or a kind past them, is malformed.
 void testProbeFramesAreValidatedLikeAnyOther() {
   FrameInfo info;
@@ -211,6 +240,8 @@ void testProbeFramesAreValidatedLikeAnyOther() {
 
 int main() {
   testProbeFramesAreValidatedLikeAnyOther();
+  testReportAheadFailsTheOpRunningHere(false);
+  testReportAheadFailsTheOpRunningHere(true);
   testReportOfALostRankFailsTheOpsAfterIt(true);
   testReportOfALostRankFailsTheOpsAfterIt(false);
   for (BeginAt at : {BeginAt::kBeforeHeader, BeginAt::kAfterHeader, BeginAt::kAfterPayload}) {

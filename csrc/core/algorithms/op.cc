@@ -56,7 +56,7 @@ void Op::finish() {
 
 void Op::fail(const std::string& message) {
   ledger_.recordOwnFailure(seq_, message);
-  transport_.reportFailure(seq_, message, ledger_.firstLostRank());
+  transport_.reportFailure(seq_, message, ledger_.lostRanks());
   // Give in-flight transfers a moment to land before their buffers go back to the caller.
   const auto detachDeadline = Clock::now() + std::chrono::seconds(5);
   for (auto& r : requests_) {

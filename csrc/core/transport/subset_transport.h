@@ -31,8 +31,8 @@ class SubsetTransport final : public Transport {
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override {
     return base_.cancel(request, deadline);
   }
-  void reportFailure(uint64_t seq, const std::string& message, int lostRank) override {
-    base_.reportFailure(seq, message, lostRank);
+  void reportFailure(uint64_t seq, const std::string& message, const std::vector<int>& lostRanks) override {
+    base_.reportFailure(seq, message, lostRanks);
   }
   std::exception_ptr peerFailure(int peer) override { return base_.peerFailure(members_.at(peer)); }
   // `peer` as the request names it: the base transport's rank.

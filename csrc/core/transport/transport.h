@@ -54,9 +54,9 @@ class Transport {
   // Tells every peer that collective `seq` failed here with `message`, so they fail it too instead
   // of waiting (a frame after those of the op already queued to each peer). What this rank itself
   // knows of the op's fate is the communicator's op ledger's (op_ledger.h), not the transport's.
-  // `lostRank`: a rank this rank lost (connection gone, or waited for past the timeout), which the
-  // peers then count as lost too (pycomm.failed_ranks), or -1.
-  virtual void reportFailure(uint64_t seq, const std::string& message, int lostRank) = 0;
+  // `lostRanks`: the ranks this rank lost (connection gone, or waited for past the timeout), which
+  // the peers then count as lost too (pycomm.failed_ranks).
+  virtual void reportFailure(uint64_t seq, const std::string& message, const std::vector<int>& lostRanks) = 0;
 
   // A wait for `peer` ran past the timeout: records in the op ledger whether the peer is lost. A
   // timeout alone cannot say (a live peer may be waiting for a frozen one), so a transport that can

@@ -126,6 +126,7 @@ struct Connection {
   bool readViaRing = false;  // the peer's move frame arrived: its frames come through ringIn
   std::shared_ptr<void> ringMemory;
   std::atomic<uint64_t> pongs{0};  // kPong frames from the peer (TcpTransport::judgeTimeout)
+  int64_t lastPingAnsweredNs = 0;  // steady clock: pings are answered at most every 10 ms
 
   // What one read did.
   enum class Read {

@@ -79,6 +79,11 @@ void TcpTransport::onHeader(Connection& c) {
   c.payloadGot = 0;
   if (h.kind == static_cast<uint8_t>(FrameKind::kPing)) {
     c.headerGot = 0;
+    // A prober sends a ping or two per timeout; a peer that floods them (and never reads) must not
+    // grow this rank's send queue without bound.
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+    if (now - c.lastPingAnsweredNs < 10'000'000) return;
+    c.lastPingAnsweredNs = now;
     FrameInfo info;
     send(c, OutgoingFrame{makeHeader(FrameKind::kPong, info, 0), nullptr, 0, 0, nullptr, {}});
     return;

@@ -205,6 +205,7 @@ std::string Matcher::errorReport(int peer, const FrameHeader& h, const std::stri
                     " ops this rank has not finished; connection closed");
     case OpLedger::PeerReport::Outcome::kRecorded:
       failPostedSeqLocked(h.seq, remoteError(report.message), completions);
+      for (uint64_t seq : report.failedActive) failPostedSeqLocked(seq, remoteError(ledger_.failure(seq)), completions);
       return {};
   }
   return {};

@@ -138,18 +138,23 @@ bool TcpTransport::cancel(const std::shared_ptr<Request>& request, Clock::time_p
   return false;
 }
 
-void TcpTransport::reportFailure(uint64_t seq, const std::string& message, int lostRank) {
+void TcpTransport::reportFailure(uint64_t seq, const std::string& message, const std::vector<int>& lostRanks) {
   const std::string text = message.size() > kMaxErrorText ? message.substr(0, kMaxErrorText) : message;
+  // One frame per lost rank (its root names it), so that every peer learns all of them; one with
+  // root -1 when none is lost.
+  std::vector<int> roots = lostRanks.empty() ? std::vector<int>{-1} : lostRanks;
   for (auto& c : connections_) {
     if (!c) continue;
-    FrameInfo info;
-    info.channel = Channel::kCollective;
-    info.seq = seq;
-    info.signature.root = lostRank;  // an error frame's root: the rank the reporter lost, or -1
-    OutgoingFrame frame{makeHeader(FrameKind::kError, info, text.size()), nullptr, text.size(), 0, nullptr,
-                        std::vector<uint8_t>(text.begin(), text.end())};
-    frame.data = frame.owned.data();  // the vector's buffer moves with it
-    send(*c, std::move(frame));
+    for (int lost : roots) {
+      FrameInfo info;
+      info.channel = Channel::kCollective;
+      info.seq = seq;
+      info.signature.root = lost;  // an error frame's root: a rank the reporter lost, or -1
+      OutgoingFrame frame{makeHeader(FrameKind::kError, info, text.size()), nullptr, text.size(), 0, nullptr,
+                          std::vector<uint8_t>(text.begin(), text.end())};
+      frame.data = frame.owned.data();  // the vector's buffer moves with it
+      send(*c, std::move(frame));
+    }
   }
 }
 
@@ -159,29 +164,44 @@ std::string TcpTransport::judgeTimeout(int peer) {
     return {};
   }
   // A live peer's transport answers within milliseconds; a frozen one never. The probe is short
-  // beside the timeout that led here, and bounded for the longest timeouts.
-  const auto probe = std::clamp(timeout_ / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(1000));
+  // beside the timeout that led here, long enough for a loaded machine's scheduler (two pings, so
+  // one lost in a stall is not the verdict), and bounded for the longest timeouts.
+  const auto probe = std::clamp(timeout_ / 4, std::chrono::milliseconds(500), std::chrono::milliseconds(1000));
   Connection& c = *connections_[peer];
   const uint64_t before = c.pongs.load();
-  if (!matcher_.failed(peer)) {
+  const auto ping = [&] {
+    if (matcher_.failed(peer)) return;
     FrameInfo info;
     send(c, OutgoingFrame{makeHeader(FrameKind::kPing, info, 0), nullptr, 0, 0, nullptr, {}});
     endLinger(c);  // the loop reads the answer
-  }
+  };
   const auto answered = [&] { return c.pongs.load() != before; };
-  auto deadline = Clock::now() + probe;
-  while (!answered() && Clock::now() < deadline && !matcher_.failed(peer)) {
+  const auto start = Clock::now();
+  ping();
+  bool pingedAgain = false;
+  while (!answered() && Clock::now() < start + probe && !matcher_.failed(peer) && !loop_.stopping()) {
+    if (!pingedAgain && Clock::now() >= start + probe / 2) {
+      ping();
+      pingedAgain = true;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  if (loop_.stopping()) return {};
   if (!answered()) {
+    // Frozen: its connection is of no more use, and closing it fails at once what is still queued
+    // to it (a half-written send would otherwise hold this op's cancel for seconds). The timeout,
+    // not the closing, is the fault.
+    failPeer(c, remoteError(strCat(context_, " peer ", peer, " did not answer a probe after a timeout: lost")));
     ledger_.noteFault(OpLedger::Fault::kTimeout, peer);
     return strCat("; peer ", peer, " does not answer a probe either (frozen or gone): rank ", peer, " is lost");
   }
   // Alive: it waits for someone else. The rank that waits for the frozen one probes it as this rank
-  // just did and reports it lost; that report names it here too (OpLedger::recordPeerReport).
+  // just did and reports it lost; that report names it here too (OpLedger::recordPeerReport). Its
+  // op may have begun a little after this one's (a DDP bucket is ready at each rank's own pace):
+  // wait out its probe and some skew.
   ledger_.noteFault(OpLedger::Fault::kTimeout, -1);
-  deadline = Clock::now() + 2 * probe;
-  while (ledger_.lostRanks().empty() && Clock::now() < deadline) {
+  const auto deadline = Clock::now() + 2 * probe + std::chrono::seconds(1);
+  while (ledger_.lostRanks().empty() && Clock::now() < deadline && !loop_.stopping()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   const std::vector<int> lost = ledger_.lostRanks();

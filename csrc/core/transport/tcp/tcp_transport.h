@@ -76,7 +76,7 @@ class TcpTransport final : public Transport, public RingLinks {
   void wait(const std::shared_ptr<Request>& request, Clock::time_point deadline, const std::string& context) override;
   bool cancel(const std::shared_ptr<Request>& request, Clock::time_point deadline) override;
   bool onIoThread() const override { return loop_.onLoopThread(); }
-  void reportFailure(uint64_t seq, const std::string& message, int lostRank) override;
+  void reportFailure(uint64_t seq, const std::string& message, const std::vector<int>& lostRanks) override;
   std::string judgeTimeout(int peer) override;
   std::exception_ptr peerFailure(int peer) override;
   void abort(const std::string& reason) override;
