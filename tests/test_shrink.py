@@ -13,7 +13,10 @@ import gc
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -30,6 +33,7 @@ STOP_PG_TIMEOUT_S = 3.0  # a SIGSTOPped rank is detected by the timeout
 SHRINK_MAX_S = 8.0
 # A disagreement must be seen from the keys, never by waiting for the timeout.
 DISAGREE_MAX_S = 5.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _backend() -> Any:
@@ -288,3 +292,38 @@ def test_repeated_shrinks_give_back_fds_threads_and_shared_memory(pycomm: Module
     if leaked_shm:
         problems.append(f"/dev/shm entries left: {sorted(leaked_shm)}")
     assert not problems, "\n".join(problems)
+
+
+def test_shrink_across_namespace_hosts() -> None:
+    """2 hosts x 2 ranks (network namespaces); rank 3 of host 1 is SIGKILLed mid-all-reduce; the
+    survivors shrink to 2 ranks on host 0 and 1 on host 1 and run a hierarchical all-reduce exactly."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from netns import Testbed, available
+
+    if available() is not None:
+        pytest.skip(f"network namespaces unavailable: {available()}")
+    worker = Path(__file__).with_name("shrink_multihost_worker.py")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYCOMM_SOCKET_IFNAME="eth0")
+    with Testbed(hosts=2) as bed:
+        procs = [
+            bed.popen(rank // 2, [sys.executable, str(worker), "--rank", str(rank), "--world", "4", "--master",
+                                  bed.address(0), "--port", "29813"], env=env, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True)
+            for rank in range(4)
+        ]
+        outputs = []
+        try:
+            for proc in procs:
+                outputs.append(proc.communicate(timeout=120))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+    for rank in range(3):
+        out, err = outputs[rank]
+        assert procs[rank].returncode == 0, f"rank {rank}: exit {procs[rank].returncode}\n{err[-3000:]}"
+        line = out.strip().splitlines()[-1]
+        assert line.startswith(f"SHRUNK {rank} 3 [3] "), line
+        report(f"shrink across 2 namespace hosts (2 x 2, rank 3 SIGKILLed): rank {rank}: {line}")
+    assert procs[3].returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), procs[3].returncode  # direct or via a wrapper
