@@ -228,6 +228,48 @@ def test_bad_shrinks_fail_clearly_on_every_rank(pycomm: ModuleType) -> None:
     assert not problems, "\n".join(problems)
 
 
+def _abort_and_old_subgroups_worker(rank: int, world: int) -> dict[str, Any]:
+    """Rank 2 leaves; ranks 0 and 1 have a receive from it in flight and shrink with SHRINK_ABORT:
+    the receive fails (aborted), the shrink succeeds, and a subgroup made before the shrink of the
+    default group fails clearly when used (torch destroys it, as it documents)."""
+    out: dict[str, Any] = {}
+    sub = dist.new_group([0, 1])
+    if rank == 2:
+        dist.barrier()
+        time.sleep(8)  # alive and connected while the others shrink: only the abort ends their receive
+        return out
+    pending = dist.irecv(torch.empty(10), src=2)
+    dist.barrier()
+    shrunk = dist.shrink_group([2], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    try:
+        pending.wait()
+        out["pending"] = None
+    except RuntimeError as exc:
+        out["pending"] = str(exc)
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t, group=shrunk)
+    out["after"] = t.tolist()
+    try:
+        dist.all_reduce(torch.ones(1), group=sub)
+        out["old_subgroup"] = None
+    except (RuntimeError, ValueError) as exc:
+        out["old_subgroup"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def test_shrink_abort_fails_what_is_in_flight_and_old_subgroups_fail_clearly(pycomm: ModuleType) -> None:
+    results = run_ranks(_abort_and_old_subgroups_worker, 3, backend="pycomm", timeout_s=90, pg_timeout_s=20)
+    for rank in (0, 1):
+        res = results[rank]
+        # The abort's own words: without SHRINK_ABORT the receive would fail later, when torch
+        # destroys the old group ("the process group was shut down").
+        assert res["pending"] is not None and "SHRINK_ABORT" in res["pending"], (rank, res["pending"])
+        assert res["after"] == [3.0] * 4, (rank, res["after"])
+        assert res["old_subgroup"] is not None, (rank, "a subgroup of the shrunk default group still ran")
+        report(f"SHRINK_ABORT: rank {rank}: pending receive -> {res['pending'][:100]!r}; "
+               f"old subgroup -> {res['old_subgroup'][:120]!r}")
+
+
 def _repeated_shrinks_worker(rank: int, world: int, rounds: int) -> dict[str, Any]:
     """``rounds`` shrinks of a fresh subgroup of every rank (one rank leaves it and stays), and
     every third round a shrink of the default group too, whose last rank leaves for good: world

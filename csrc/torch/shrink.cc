@@ -7,6 +7,10 @@
 #include "core/shrink.h"
 #include "store_adapter.h"
 
+#if PYCOMM_WITH_CUDA
+#include "cuda/nccl_route.h"
+#endif
+
 namespace pycomm::torch_adapter {
 namespace {
 
@@ -34,7 +38,12 @@ c10::intrusive_ptr<::c10d::Backend> PycommBackend::shrink(const std::vector<int6
   agreeOnShrink(adapter, "", plan, rank_, next.timeout + std::chrono::seconds(10), context);
   // After the agreement: aborting closes this rank's connections, which a survivor that had not
   // read its lost ranks yet would count as this rank lost.
-  if ((shrinkFlags & kShrinkAbort) != 0) abort();
+  if ((shrinkFlags & kShrinkAbort) != 0) {
+#if PYCOMM_WITH_CUDA
+    ncclRoute_->requestAbort();
+#endif
+    comm_->abort("shrink_group(SHRINK_ABORT) ended what was in flight");
+  }
   auto shrunk = c10::make_intrusive<PycommBackend>(store, next);
   shrunk->shrinkDepth_ = shrinkDepth_ + 1;
   return shrunk;
