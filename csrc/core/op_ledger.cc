@@ -123,9 +123,7 @@ OpLedger::PeerReport OpLedger::recordPeerReport(uint64_t seq, int peer, int lost
       lateFailure_ = strCat(context_, " collective seq=", seq, " completed on this rank but failed on peer ", peer,
                             ": ", text);
     }
-    PeerReport report{PeerReport::Outcome::kLate, groupLost_, 0, {}};
-    if (lost >= 0 && lost != rank_) report.failedActive = failActiveLocked(groupLost_);
-    return report;
+    return withActiveFailedLocked({PeerReport::Outcome::kLate, {}, 0, {}});
   }
   if (failedSeqs_.size() >= kMaxFailedSeqs) {
     // Reports for ops far ahead of this rank, without end: a peer gone wrong, not a failure.
@@ -134,17 +132,15 @@ OpLedger::PeerReport OpLedger::recordPeerReport(uint64_t seq, int peer, int lost
   std::string message = strCat(context_, " peer ", peer, " reported a failure: ", text);
   failedSeqs_.emplace(seq, message);
   lastFault_ = Fault::kRemote;
-  PeerReport report{PeerReport::Outcome::kRecorded, std::move(message), 0, {}};
-  if (!groupLost_.empty()) report.failedActive = failActiveLocked(groupLost_);  // the op running here too
-  return report;
+  return withActiveFailedLocked({PeerReport::Outcome::kRecorded, std::move(message), 0, {}});
 }
 
-std::vector<uint64_t> OpLedger::failActiveLocked(const std::string& message) {
-  std::vector<uint64_t> failed;
+OpLedger::PeerReport OpLedger::withActiveFailedLocked(PeerReport report) {
+  if (groupLost_.empty()) return report;
   for (const auto& [seq, signature] : activeOps_) {
-    if (seq > retiredSeq_ && failedSeqs_.emplace(seq, message).second) failed.push_back(seq);
+    if (seq > retiredSeq_ && failedSeqs_.emplace(seq, groupLost_).second) report.failedActive.push_back(seq);
   }
-  return failed;
+  return report;
 }
 
 void OpLedger::noteFault(Fault fault, int peer) {

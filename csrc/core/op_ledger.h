@@ -90,8 +90,8 @@ class OpLedger {
     } outcome;
     std::string message;
     size_t held = 0;
-    // With a lost rank: the ops begun here that failed with it (the group-lost message; for kLate
-    // that is `message`): fail their posted receives.
+    // Once the group lost a rank: the ops begun here that failed with it now (OpLedger::failure
+    // says how): fail their posted receives.
     std::vector<uint64_t> failedActive;
   };
   PeerReport recordPeerReport(uint64_t seq, int peer, int lost, const std::string& text);
@@ -128,8 +128,9 @@ class OpLedger {
   std::set<int> lostRanks_;
   std::string groupLost_;  // set once a peer reported a lost rank: every op from then on fails with it
 
-  // Records `message` as the failure of every op begun and not retired; returns their seqs.
-  std::vector<uint64_t> failActiveLocked(const std::string& message);
+  // Once the group lost a rank: records that as the failure of every op begun and not retired yet
+  // (not failed already), listed in report.failedActive.
+  PeerReport withActiveFailedLocked(PeerReport report);
 };
 
 }  // namespace pycomm

@@ -196,16 +196,15 @@ std::string Matcher::errorReport(int peer, const FrameHeader& h, const std::stri
   // The reporter names the rank it lost, if any, in the header's root (TcpTransport::reportFailure).
   const int lost = h.root >= 0 && static_cast<size_t>(h.root) < sources_.size() ? h.root : -1;
   OpLedger::PeerReport report = ledger_.recordPeerReport(h.seq, peer, lost, text);
+  for (uint64_t seq : report.failedActive) failPostedSeqLocked(seq, remoteError(ledger_.failure(seq)), completions);
   switch (report.outcome) {
     case OpLedger::PeerReport::Outcome::kLate:
-      for (uint64_t seq : report.failedActive) failPostedSeqLocked(seq, remoteError(report.message), completions);
       return {};
     case OpLedger::PeerReport::Outcome::kTooMany:
       return strCat(context_, " peer ", peer, " reported failures of ", report.held,
                     " ops this rank has not finished; connection closed");
     case OpLedger::PeerReport::Outcome::kRecorded:
       failPostedSeqLocked(h.seq, remoteError(report.message), completions);
-      for (uint64_t seq : report.failedActive) failPostedSeqLocked(seq, remoteError(ledger_.failure(seq)), completions);
       return {};
   }
   return {};
