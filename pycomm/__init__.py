@@ -10,7 +10,7 @@ import torch  # noqa: F401  (loads libtorch, which the extension links against)
 from pycomm import _C
 from pycomm.backend import register
 from pycomm import hooks
-from pycomm.collectives import all_reduce, bucketed_all_reduce, set_algorithm, stats
+from pycomm.collectives import all_reduce, bucketed_all_reduce, monitored_barrier, set_algorithm, stats
 from pycomm.faults import failed_ranks
 from pycomm.options import Options
 
@@ -21,6 +21,7 @@ __all__ = [
     "cuda_available",
     "failed_ranks",
     "hooks",
+    "monitored_barrier",
     "set_algorithm",
     "stats",
     "__version__",

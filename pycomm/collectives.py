@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
@@ -94,3 +96,17 @@ def stats(group: dist.ProcessGroup | None = None) -> dict[str, dict[str, float]]
     "transport/socket_by_waiter" counts the received ones that the thread waiting for them read
     itself (short receives), rather than the transport's event loop."""
     return dict(_backend(group).stats())
+
+
+def monitored_barrier(
+    group: dist.ProcessGroup | None = None,
+    timeout: timedelta | None = None,
+    wait_all_ranks: bool = False,
+) -> None:
+    """`dist.monitored_barrier` for pycomm groups: torch's wrapper refuses every backend but gloo by
+    name, so this calls the group's own `monitored_barrier`, which pycomm implements. Rank 0 raises
+    naming the first rank that did not arrive within `timeout` (the group's by default), or every
+    such rank with `wait_all_ranks`; the other ranks raise once rank 0 does not release them."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    _backend(pg)
+    pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)

@@ -34,7 +34,9 @@ class PycommBackend final : public ::c10d::Backend {
 
   const std::string getBackendName() const override { return "pycomm"; }
   bool supportsSplitting() const override { return false; }
-  bool supportsCoalescing() const override { return false; }
+  // torch's _coalescing_manager and batch_isend_irecv: a block of ops runs as one schedule (the
+  // coalesced entry points) or completes as one Work (endCoalescing).
+  bool supportsCoalescing() const override { return true; }
   // dist.shrink_group (shrink.cc): the survivors' new group, over this group's store.
   bool supportsShrinking() const override { return true; }
   c10::intrusive_ptr<::c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude, int shrinkFlags = 0,
@@ -90,6 +92,9 @@ class PycommBackend final : public ::c10d::Backend {
                                             std::vector<at::Tensor>& inputs,
                                             const ::c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+  // ProcessGroup.monitored_barrier (monitored_barrier.cc): rank 0 names the ranks that did not
+  // arrive within the timeout (the first one, or every one with waitAllRanks).
+  void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
   c10::intrusive_ptr<::c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
   c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;

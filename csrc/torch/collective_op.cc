@@ -26,6 +26,14 @@ std::vector<at::Tensor> OpTensors::all() const {
   return all;
 }
 
+std::vector<at::Tensor> OpTensors::profiled() const {
+  std::vector<at::Tensor> read;
+  for (const auto& slot : slots_) {
+    if (slot.read) read.push_back(*slot.tensor);
+  }
+  return read.empty() ? all() : read;
+}
+
 void OpTensors::stage(DeviceStaging& staging) {
   for (auto& slot : slots_) *slot.tensor = staging.stage(*slot.tensor, slot.read, slot.write);
 }

@@ -38,6 +38,9 @@ class OpTensors {
   void add(std::vector<at::Tensor>& list, bool read, bool write);
   void add(std::vector<std::vector<at::Tensor>>& lists, bool read, bool write);
   std::vector<at::Tensor> all() const;
+  // The inputs the profiler records (torch's record_shapes): the tensors the op reads, or, for an op
+  // that reads none (a receiving rank), the ones it writes.
+  std::vector<at::Tensor> profiled() const;
   void stage(DeviceStaging& staging);
   void recordUse(DeviceStaging& staging) const;
 
@@ -82,6 +85,7 @@ class CollectiveOp {
   bool inlineOk() const { return inlineOk_; }
   bool hasDeviceForm() const { return deviceForm_; }
   OpTensors& tensors() { return tensors_; }
+  const OpTensors& tensors() const { return tensors_; }
   const c10::IValue& outputs() const { return outputs_; }
   const c10::TypePtr& outputType() const { return outputType_; }
 

@@ -1,6 +1,7 @@
 // The collectives that move data without reducing it, as descriptors (collective_op.h) and their
 // overrides. Any dtype moves, as bytes where the core has no type for it (Layout).
 #include "backend.h"
+#include "coalesced_layout.h"
 #include "device_collectives.h"
 #include "split_layout.h"
 
@@ -146,12 +147,14 @@ struct AllgatherTensorCoalescedOp final : CollectiveOp {
   }
   void prepare(const Validator& v, const Config&) override { v.holdOnePerRank(outputs, inputs, true); }
   void run(Communicator& comm) override {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const Contiguous in(inputs[i]), out(outputs[i]);
+    if (inputs.size() == 1) {
+      const Contiguous in(inputs[0]), out(outputs[0]);
       const Layout layout = movable(in.flat);
       comm.allgather(in.flat.data_ptr(), out.flat.data_ptr(), layout.count(in.flat), layout.dtype);
       out.copyBack();
+      return;
     }
+    if (!inputs.empty()) allgatherCoalesced(comm, outputs, inputs);
   }
 
   std::vector<at::Tensor> outputs;

@@ -87,7 +87,8 @@ c10::intrusive_ptr<PycommWork> PycommBackend::submit(const CollectiveOp& op, std
   std::vector<std::shared_ptr<DeviceStaging>> stagings;
   if (staging) stagings.push_back(staging);
   auto work = c10::make_intrusive<PycommWork>(rank_, op.type(), op.title(), op.outputs(), op.outputType(),
-                                              std::move(stagings));
+                                              std::move(stagings),
+                                              profiledInputs([&op] { return op.tensors().profiled(); }));
   bool coalescing;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);

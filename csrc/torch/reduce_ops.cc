@@ -3,6 +3,7 @@
 #include <ATen/MemoryOverlap.h>
 
 #include "backend.h"
+#include "coalesced_layout.h"
 #include "bucketed_allreduce.h"
 #include "core/error.h"
 #include "device_collectives.h"
@@ -253,22 +254,16 @@ struct ReduceScatterTensorCoalescedOp final : CollectiveOp {
   void prepare(const Validator& v, const Config&) override {
     v.holdOnePerRank(inputs, outputs, false);
     for (size_t i = 0; i < inputs.size(); ++i) {
-      spec = v.reduceSpec(op, outputs[i]);
+      specs.push_back(v.reduceSpec(op, outputs[i]));
       dtypes.push_back(v.reducible(outputs[i]));
     }
   }
-  void run(Communicator& comm) override {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const Contiguous in(inputs[i]), out(outputs[i]);
-      comm.reduceScatter(in.flat.data_ptr(), out.flat.data_ptr(), out.flat.numel(), dtypes[i], spec);
-      out.copyBack();
-    }
-  }
+  void run(Communicator& comm) override { reduceScatterCoalesced(comm, outputs, inputs, dtypes, specs); }
 
   std::vector<at::Tensor> outputs;
   std::vector<at::Tensor> inputs;
   ::c10d::ReduceOp op;
-  ReduceSpec spec;
+  std::vector<ReduceSpec> specs;
   std::vector<DataType> dtypes;
 };
 

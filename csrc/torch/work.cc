@@ -1,5 +1,6 @@
 #include "work.h"
 
+#include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 
@@ -19,10 +20,16 @@ std::vector<c10::Device> devicesOf(const std::vector<std::shared_ptr<DeviceStagi
 
 }  // namespace
 
+std::optional<std::vector<at::Tensor>> profiledInputs(const std::function<std::vector<at::Tensor>()>& tensors) {
+  if (!at::hasCallbacks()) return std::nullopt;
+  return tensors();
+}
+
 PycommWork::PycommWork(int rank, ::c10d::OpType opType, const char* profilingTitle,
                        c10::IValue outputs, c10::TypePtr futureType,
-                       std::vector<std::shared_ptr<DeviceStaging>> stagings)
-    : Work(rank, opType, profilingTitle),
+                       std::vector<std::shared_ptr<DeviceStaging>> stagings,
+                       const std::optional<std::vector<at::Tensor>>& profiled)
+    : Work(rank, opType, profilingTitle, profiled),
       outputs_(std::move(outputs)),
       stagings_(std::move(stagings)),
       future_(stagings_.empty()
@@ -113,10 +120,11 @@ PointToPointWork::PointToPointWork(std::shared_ptr<Communicator> comm,
                                    std::function<void()> onReceived)
     : PycommWork(comm->rank(), opType,
                  opType == ::c10d::OpType::SEND ? "pycomm:send" : "pycomm:recv",
-                 c10::IValue(std::vector<at::Tensor>{std::move(tensor)}),
+                 c10::IValue(std::vector<at::Tensor>{tensor}),
                  c10::ListType::create(c10::TensorType::get()),
-                 staging ? std::vector<std::shared_ptr<DeviceStaging>>{std::move(staging)}
-                         : std::vector<std::shared_ptr<DeviceStaging>>{}),
+                 staging ? std::vector<std::shared_ptr<DeviceStaging>>{staging}
+                         : std::vector<std::shared_ptr<DeviceStaging>>{},
+                 profiledInputs([&tensor] { return std::vector<at::Tensor>{tensor}; })),
       comm_(std::move(comm)),
       request_(std::move(request)),
       what_(std::move(what)),

@@ -9,20 +9,27 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <vector>
 
 #include "core/communicator.h"
 #include "device_staging.h"
 
 namespace pycomm::torch_adapter {
 
+// `tensors` when a profiler may be recording (torch's Work records their shapes), else nothing:
+// with no profiler an op pays no copy of its tensor handles. `tensors` is called only then.
+std::optional<std::vector<at::Tensor>> profiledInputs(const std::function<std::vector<at::Tensor>()>& tensors);
+
 class PycommWork : public ::c10d::Work {
  public:
   // `outputs` is what the future yields: a list of tensors, or a list of lists for allgather.
   // `stagings`: device tensors of the op (or of a coalesced block's ops) went through host memory;
   // the future is then device-aware and wait() orders the caller's current stream after the copies
-  // back.
+  // back. `profiled`: the inputs whose shapes an active profiler records (profiledInputs()).
   PycommWork(int rank, ::c10d::OpType opType, const char* profilingTitle, c10::IValue outputs,
-             c10::TypePtr futureType, std::vector<std::shared_ptr<DeviceStaging>> stagings = {});
+             c10::TypePtr futureType, std::vector<std::shared_ptr<DeviceStaging>> stagings = {},
+             const std::optional<std::vector<at::Tensor>>& profiled = std::nullopt);
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override;
