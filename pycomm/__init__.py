@@ -12,6 +12,7 @@ from pycomm.backend import register
 from pycomm import hooks
 from pycomm.collectives import all_reduce, bucketed_all_reduce, monitored_barrier, set_algorithm, stats
 from pycomm.faults import failed_ranks
+from pycomm.flight_recorder import dump_flight_recorder, flight_recorder_entries
 from pycomm.options import Options
 
 __all__ = [
@@ -19,7 +20,9 @@ __all__ = [
     "all_reduce",
     "bucketed_all_reduce",
     "cuda_available",
+    "dump_flight_recorder",
     "failed_ranks",
+    "flight_recorder_entries",
     "hooks",
     "monitored_barrier",
     "set_algorithm",

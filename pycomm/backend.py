@@ -121,7 +121,10 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         "debug": options.debug,
         "cost_model": load_cost_model(),
     }
-    return _C.PycommBackend(store, dist_options.group_rank, dist_options.group_size, config)
+    backend = _C.PycommBackend(store, dist_options.group_rank, dist_options.group_size, config)
+    ranks = list(getattr(dist_options, "global_ranks_in_group", None) or [])
+    backend._set_trace_group(str(dist_options.group_id or ""), "pycomm", ranks)
+    return backend
 
 
 def register() -> None:

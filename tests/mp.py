@@ -137,6 +137,9 @@ def _context() -> multiprocessing.context.BaseContext:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(["torch", "torch.distributed"])
+        # Started here, outside any test's patched environment: a server started while ranks start
+        # (start_ranks) keeps that test's variables and hands them to every later test's ranks.
+        multiprocessing.forkserver.ensure_running()
     return ctx
 
 

@@ -32,7 +32,27 @@ void PycommBackend::setAlgorithm(const std::string& name) {
   comm_->enqueue([comm, algorithm] { comm->setAlgorithm(algorithm); });
 }
 
+void PycommBackend::setTraceGroup(const std::string& name, const std::string& desc,
+                                  const std::vector<int64_t>& globalRanks) {
+  TORCH_CHECK_VALUE(globalRanks.empty() || globalRanks.size() == static_cast<size_t>(size_), "pycomm: ",
+                    globalRanks.size(), " global ranks for a group of ", size_);
+  auto group = std::make_shared<FlightRecorder::Group>();
+  group->name = name;
+  group->desc = desc;
+  group->ranks = globalRanks;
+  if (group->ranks.empty()) {
+    for (int r = 0; r < size_; ++r) group->ranks.push_back(r);
+  }
+  traceGroup_ = group;
+  FlightRecorder::instance().addGroup(group);
+}
+
+int64_t PycommBackend::globalRank() const {
+  return traceGroup_ ? traceGroup_->ranks[static_cast<size_t>(rank_)] : rank_;
+}
+
 void PycommBackend::abort() {
+  FlightRecorder::instance().dumpOnFault(globalRank(), "abort()");
 #if PYCOMM_WITH_CUDA
   // The worker may be waiting for an NCCL op: it aborts the NCCL communicator itself.
   ncclRoute_->requestAbort();

@@ -16,6 +16,7 @@
 #include "collective_op.h"
 #include "core/communicator.h"
 #include "device_staging.h"
+#include "flight_recorder.h"
 #include "work.h"
 
 namespace pycomm::cuda {
@@ -113,6 +114,11 @@ class PycommBackend final : public ::c10d::Backend {
   void setAlgorithm(const std::string& name);
   void shutdown() override;
   void abort() override;
+  // The group as the flight recorder's dumps name it (flight_recorder.h): torch's group name and
+  // the group's global ranks, from the creator's options.
+  void setTraceGroup(const std::string& name, const std::string& desc, const std::vector<int64_t>& globalRanks);
+  // This process's rank in the default group, as the dump's file name carries it.
+  int64_t globalRank() const;
 
  private:
   // The one path of every collective (collective_op.h says which steps it takes). A check that
@@ -137,6 +143,8 @@ class PycommBackend final : public ::c10d::Backend {
   // fail saying so.
   std::function<void()> deviceTask(std::shared_ptr<CollectiveOp> op, std::shared_ptr<cuda::NcclComm> nccl,
                                    std::shared_ptr<DeviceStaging> staging);
+  // A send or receive's flight-recorder entry ("send 0->1", "recv 1<-0": group ranks).
+  void trace(PycommWork& work, const std::string& what, const at::Tensor& tensor);
   // A send or receive's Work joins an open coalescing block.
   void joinCoalescing(const c10::intrusive_ptr<PycommWork>& work);
   // A receive, posted at once like a send; `anyPeer`: srcRank is Transport::kAnyPeer.
@@ -152,6 +160,11 @@ class PycommBackend final : public ::c10d::Backend {
   // The rendezvous store, kept for the NCCL communicator's setup (made at the first CUDA collective).
   c10::intrusive_ptr<::c10d::Store> store_;
   std::shared_ptr<cuda::NcclRoute> ncclRoute_;  // CUDA builds only
+  // Flight recorder (flight_recorder.h): the group its entries name, and its sequence numbers:
+  // every collective and every send or receive issued here, in issue order.
+  std::shared_ptr<const FlightRecorder::Group> traceGroup_;
+  std::atomic<uint64_t> tracedCollectives_{0};
+  std::atomic<uint64_t> tracedPointToPoint_{0};
   std::atomic<uint64_t> shrinks_{0};             // shrink() calls so far: each one's store keys
   int shrinkDepth_ = 0;
 };

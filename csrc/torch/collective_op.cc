@@ -34,6 +34,14 @@ std::vector<at::Tensor> OpTensors::profiled() const {
   return read.empty() ? all() : read;
 }
 
+std::vector<at::Tensor> OpTensors::written() const {
+  std::vector<at::Tensor> written;
+  for (const auto& slot : slots_) {
+    if (slot.write) written.push_back(*slot.tensor);
+  }
+  return written;
+}
+
 void OpTensors::stage(DeviceStaging& staging) {
   for (auto& slot : slots_) *slot.tensor = staging.stage(*slot.tensor, slot.read, slot.write);
 }

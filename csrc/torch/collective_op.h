@@ -41,6 +41,8 @@ class OpTensors {
   // The inputs the profiler records (torch's record_shapes): the tensors the op reads, or, for an op
   // that reads none (a receiving rank), the ones it writes.
   std::vector<at::Tensor> profiled() const;
+  // The tensors the op writes (the flight recorder's output sizes).
+  std::vector<at::Tensor> written() const;
   void stage(DeviceStaging& staging);
   void recordUse(DeviceStaging& staging) const;
 

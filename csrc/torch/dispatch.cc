@@ -95,7 +95,18 @@ c10::intrusive_ptr<PycommWork> PycommBackend::submit(const CollectiveOp& op, std
     coalescing = coalescing_;
     if (coalescing) coalesced_.push_back(work);
   }
-  auto task = [work, body = std::move(body), staging] {
+  auto& recorder = FlightRecorder::instance();
+  if (recorder.enabled() && traceGroup_) {
+    // Every rank's entry carries the same sizes (the analyzer compares them): a rank that writes
+    // nothing (a broadcast's root) records what it reads as its outputs, as torch's backends do.
+    auto inputs = op.tensors().profiled();
+    auto outputs = op.tensors().written();
+    if (outputs.empty()) outputs = inputs;
+    work->setTraceId(recorder.record(traceGroup_, ++tracedCollectives_, tracedPointToPoint_.load(), traceName(op.title()),
+                                     false, inputs, outputs, comm_->timeout().count()));
+  }
+  auto task = [work, body = std::move(body), staging, rank = globalRank()] {
+    FlightRecorder::instance().started(work->traceId());
     try {
       // Results are written below autograd, as a backend does (gloo writes through raw pointers):
       // a leaf that requires grad (a parameter, non-contiguous here) may be written, and so may a
@@ -105,6 +116,10 @@ c10::intrusive_ptr<PycommWork> PycommBackend::submit(const CollectiveOp& op, std
       if (staging) staging->copyIn();
       body();
       if (staging) staging->copyOut();
+    } catch (const TimeoutError&) {
+      FlightRecorder::instance().dumpOnFault(rank, "a collective timed out");
+      work->complete(std::current_exception());
+      return;
     } catch (const std::exception&) {
       work->complete(std::current_exception());  // rethrown to the caller by wait()
       return;

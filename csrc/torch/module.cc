@@ -176,6 +176,10 @@ PYBIND11_MODULE(_C, m) {
            "The last fault: ErrorType.TIMEOUT, COMM_ERROR (a connection lost), REMOTE_ERROR (a peer's report) or SUCCESS.")
       .def_property_readonly("shrink_depth", &PycommBackend::shrinkDepth,
                              "How many shrinks made this group from one torch created (0 for that one).")
+      .def("_set_trace_group", &PycommBackend::setTraceGroup, py::arg("name"), py::arg("desc"), py::arg("global_ranks"),
+           "The group's name and global ranks in the flight recorder's dumps.")
+      .def_property_readonly("global_rank", &PycommBackend::globalRank,
+                             "This process's rank in the default group (the dump file's suffix).")
       .def("failed_ranks", &PycommBackend::failedRanks,
            "The group ranks this rank lost, waited for past the timeout, or heard lost from a peer.")
       .def("stats", [](const PycommBackend& backend) {
@@ -192,6 +196,19 @@ PYBIND11_MODULE(_C, m) {
            }, "Counters per op and codec since the group was created.");
 
   // The wire parsers, exposed so tests can fuzz them with arbitrary bytes.
+  m.def("flight_recorder_dump", [](const std::string& path) {
+    py::gil_scoped_release release;
+    pycomm::torch_adapter::FlightRecorder::instance().dumpTo(path);
+  }, py::arg("path"), "Writes the flight recorder's dump (torch's pickle format) to `path`.");
+  m.def("flight_recorder_bytes", [] {
+    std::string bytes;
+    {
+      py::gil_scoped_release release;
+      bytes = pycomm::torch_adapter::FlightRecorder::instance().dump();
+    }
+    return py::bytes(bytes);
+  }, "The flight recorder's dump as bytes (pickle.loads reads it).");
+  m.def("flight_recorder_enabled", [] { return pycomm::torch_adapter::FlightRecorder::instance().enabled(); });
   m.def("_validate_frame_header", [](const py::bytes& raw) {
           const std::string bytes = raw;
           if (bytes.size() != sizeof(pycomm::transport::FrameHeader)) {

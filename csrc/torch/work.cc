@@ -1,5 +1,7 @@
 #include "work.h"
 
+#include "flight_recorder.h"
+
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
@@ -80,6 +82,8 @@ void PycommWork::complete(std::exception_ptr error) {
   // A send or receive can fail by timeout on the waiting thread and then be failed again by the
   // transport; only the first outcome counts.
   if (completedOnce_.exchange(true)) return;
+  // A failed op stays started in the recorder: what the analyzer reads as not completed.
+  if (!error) FlightRecorder::instance().completed(traceId_);
   if (!stagings_.empty()) {
     {
       std::lock_guard<std::mutex> lock(copiesMutex_);

@@ -43,6 +43,9 @@ class PycommWork : public ::c10d::Work {
 
   // Marks the op done (error == nullptr) or failed, waking waiters and completing the future.
   void complete(std::exception_ptr error);
+  // The op's flight-recorder entry, marked completed when the op succeeds.
+  void setTraceId(std::optional<uint64_t> id) { traceId_ = id; }
+  const std::optional<uint64_t>& traceId() const { return traceId_; }
 
  private:
   // Staged ops: waits (host) until the copies back are queued, then orders the current stream
@@ -69,6 +72,7 @@ class PycommWork : public ::c10d::Work {
   std::condition_variable copiesCv_;
   bool copiesQueued_ = false;
   std::atomic<bool> completedOnce_{false};
+  std::optional<uint64_t> traceId_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
