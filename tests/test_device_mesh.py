@@ -12,6 +12,7 @@ concatenated batches: the backend-independent reference.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -139,7 +140,7 @@ def _mesh(names: tuple[str, str], backend: str) -> DeviceMesh:
     """A (2, 2) mesh whose groups are the default group's backend (pycomm), or gloo's."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    override = None if backend == "pycomm" else dict.fromkeys(names, backend)
+    override: dict[int | str, Any] | None = None if backend == "pycomm" else dict.fromkeys(names, backend)
     mesh = init_device_mesh("cpu", MESH, mesh_dim_names=names, backend_override=override)
     used = {dist.get_backend(mesh.get_group(name)) for name in names}
     assert used == {backend}, f"the mesh's groups run {used}, not {backend}"
