@@ -1,4 +1,5 @@
-"""torch's functional collectives and monitored barrier on pycomm, at world 3 (odd).
+"""torch's functional collectives on pycomm, at world 3 (odd); the monitored barrier has its own file
+(test_monitored_barrier.py).
 
 The functional collectives (``torch.distributed._functional_collectives``: what DTensor, FSDP2
 and compiled programs issue) reach the backend through the ``_c10d_functional`` ops rather than
@@ -15,19 +16,16 @@ magnitudes it adds (reference.rel_tol); data movement and the eager comparisons 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from mp import run_ranks
 from reference import check_equal, input_for, reduced_checker
-from support import problem_notes, store_barrier
+from support import problem_notes
 
 WORLD = 3
 TIMEOUT_S = 90
@@ -189,66 +187,3 @@ def test_compiled_functional_collectives(pycomm: object) -> None:
         assert result["again vs eager"] is None, f"rank {rank}: second call vs eager: {result['again vs eager']}"
         assert result["vs float64"] <= COMPILED_REFERENCE_TOL, f"rank {rank}: eager vs float64: {result['vs float64']}"
     print(f"[functional] aot_eager compile + first call: {max(r['compile_s'] for r in results):.1f} s (slowest rank)")
-
-
-# ---------------------------------------------------------------- monitored barrier
-# torch's dist.monitored_barrier refuses every backend but gloo by name, in Python, before it
-# reaches the backend ("monitored_barrier is only implemented for GLOO backend."). The call it then
-# makes, ProcessGroup.monitored_barrier, is what a backend can serve (Backend::monitoredBarrier),
-# so that is what these tests call.
-BARRIER_TIMEOUT = timedelta(seconds=1)
-BARRIER_SLACK_S = 10.0  # the error must come within the timeout plus this
-_RANK_LIST = re.compile(r"\branks?\s+(\d+(?:(?:\s*,\s*|\s+and\s+)\d+)*)", re.IGNORECASE)
-
-
-def named_ranks(message: str) -> set[int]:
-    """The ranks a message names ("rank 2", "Ranks 1, 2", "ranks 1 and 2")."""
-    return {int(n) for found in _RANK_LIST.findall(message) for n in re.findall(r"\d+", found)}
-
-
-def _barrier_outcome(group: dist.ProcessGroup, wait_all_ranks: bool = False) -> dict[str, Any]:
-    start = time.monotonic()
-    try:
-        group.monitored_barrier(BARRIER_TIMEOUT, wait_all_ranks=wait_all_ranks)  # type: ignore[attr-defined]
-        error = None
-    except RuntimeError as exc:
-        error = str(exc)
-    return {"error": error, "elapsed": time.monotonic() - start}
-
-
-def _monitored_barrier_worker(rank: int, world: int) -> dict[str, Any]:
-    everyone = list(range(world))
-    # A group per case: a rank that skipped a barrier must not meet the next case's one.
-    present, one_missing, all_missing = (dist.new_group(everyone) for _ in range(3))
-    outcomes = {"all present": _barrier_outcome(present)}
-    if rank != 2:
-        outcomes["rank 2 missing"] = _barrier_outcome(one_missing)
-    if rank == 0:
-        outcomes["ranks 1 and 2 missing"] = _barrier_outcome(all_missing, wait_all_ranks=True)
-    # Absent ranks stay alive (missing, not dead) until rank 0 has given up on them.
-    store_barrier("monitored barrier cases done", world)
-    return outcomes
-
-
-def _check_monitored_barrier(backend: str) -> None:
-    results = run_ranks(_monitored_barrier_worker, WORLD, backend=backend, timeout_s=TIMEOUT_S)
-    for rank, outcomes in enumerate(results):
-        assert outcomes["all present"]["error"] is None, f"rank {rank}, all present: {outcomes['all present']}"
-    for case, ranks, missing in (("rank 2 missing", (0, 1), {2}), ("ranks 1 and 2 missing", (0,), {1, 2})):
-        for rank in ranks:
-            outcome = results[rank][case]
-            assert outcome["error"] is not None, f"rank {rank} passed the barrier with {case}"
-            assert outcome["elapsed"] <= BARRIER_TIMEOUT.total_seconds() + BARRIER_SLACK_S, f"rank {rank}, {case}: {outcome}"
-        # Rank 0 sees who did not arrive, and only them; the others only learn that it failed.
-        named = named_ranks(results[0][case]["error"]) - {0}
-        assert named == missing, f"{case}: rank 0's error names ranks {named}: {results[0][case]['error']!r}"
-
-
-@pytest.mark.xfail(strict=True, reason="monitoredBarrier not implemented yet")
-def test_monitored_barrier(pycomm: object) -> None:
-    _check_monitored_barrier("pycomm")
-
-
-def test_monitored_barrier_program_on_gloo() -> None:
-    """The same program passes on gloo, so the test above fails for pycomm's sake only."""
-    _check_monitored_barrier("gloo")
