@@ -34,7 +34,13 @@ class PycommBackend final : public ::c10d::Backend {
   ~PycommBackend() override;
 
   const std::string getBackendName() const override { return "pycomm"; }
-  bool supportsSplitting() const override { return false; }
+  // torch's split path (split_group, DeviceMesh on a device-bound group): split_group.cc.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<::c10d::Backend> split(const c10::intrusive_ptr<::c10d::Store>& store,
+                                            const std::vector<int>& ranks,
+                                            const c10::intrusive_ptr<Options>& opts) override;
+  // What torch copies into a split's options: the timeout, the group's name and global ranks.
+  c10::intrusive_ptr<Options> getBackendOptions() override;
   // torch's _coalescing_manager and batch_isend_irecv: a block of ops runs as one schedule (the
   // coalesced entry points) or completes as one Work (endCoalescing).
   bool supportsCoalescing() const override { return true; }
