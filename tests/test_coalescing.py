@@ -114,3 +114,29 @@ def coalescing_worker(rank: int, world: int) -> tuple[list[str], int]:
 
 def test_coalesced_blocks_fuse_and_match_the_separate_calls() -> None:
     assert_no_failures(run_ranks(coalescing_worker, 3, backend="pycomm", timeout_s=TIMEOUT_S))
+
+
+def p2p_then_collective_worker(rank: int, world: int) -> tuple[list[str], int]:
+    """A batch whose receive completes only after a collective issued behind it: the batch's Work
+    must not hold up the group's collectives (gloo runs this; so must pycomm)."""
+    f = Failures(rank)
+    t = torch.ones(3)
+    if rank == 0:
+        got = torch.zeros(4)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, 1)])
+        dist.all_reduce(t)
+        for w in works:
+            w.wait()
+        f.check("the batch's receive", check_equal(got, torch.arange(4.0)))
+    else:
+        dist.all_reduce(t)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.arange(4.0), 0)]):
+            w.wait()
+    f.check("the all_reduce behind the batch", check_equal(t, torch.full((3,), float(world))))
+    return f.result()
+
+
+def test_a_batch_does_not_hold_up_later_collectives() -> None:
+    assert_no_failures(
+        run_ranks(p2p_then_collective_worker, 2, backend="pycomm", timeout_s=TIMEOUT_S, pg_timeout_s=5, destroy=False)
+    )

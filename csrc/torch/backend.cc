@@ -77,21 +77,36 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::endCoalescing() {
   // stream after every staged op of the block.
   std::vector<std::shared_ptr<DeviceStaging>> stagings;
   for (const auto& w : works) stagings.insert(stagings.end(), w->stagings().begin(), w->stagings().end());
-  // Queued after every op of the block, so it completes after them; point-to-point ones are waited.
+  // Completes once every op of the block did, from their futures' callbacks: never from the worker,
+  // where waiting for a receive would hold up the collectives queued behind the block (a receive
+  // whose send comes after such a collective on the peer would never complete).
   auto work = c10::make_intrusive<PycommWork>(rank_, ::c10d::OpType::COALESCED, "pycomm:coalesced",
                                               c10::IValue(std::vector<at::Tensor>{}),
                                               c10::ListType::create(c10::TensorType::get()), std::move(stagings));
-  comm_->enqueue([work, works] {
+  struct Countdown {
+    std::mutex mutex;
+    size_t left;
     std::exception_ptr error;
-    for (const auto& w : works) {
-      try {
-        w->waitHost();
-      } catch (const std::exception&) {
-        if (!error) error = std::current_exception();
+  };
+  auto countdown = std::make_shared<Countdown>();
+  countdown->left = works.size();
+  if (works.empty()) {
+    work->complete(nullptr);
+    return work;
+  }
+  for (const auto& w : works) {
+    w->getFuture()->addCallback([countdown, work](c10::ivalue::Future& done) {
+      bool last = false;
+      std::exception_ptr error;
+      {
+        std::lock_guard<std::mutex> lock(countdown->mutex);
+        if (done.hasError() && !countdown->error) countdown->error = done.exception_ptr();
+        last = --countdown->left == 0;
+        error = countdown->error;
       }
-    }
-    work->complete(error);
-  });
+      if (last) work->complete(error);
+    });
+  }
   return work;
 }
 

@@ -150,7 +150,7 @@ class PycommBackend final : public ::c10d::Backend {
   std::function<void()> deviceTask(std::shared_ptr<CollectiveOp> op, std::shared_ptr<cuda::NcclComm> nccl,
                                    std::shared_ptr<DeviceStaging> staging);
   // A send or receive's flight-recorder entry ("send 0->1", "recv 1<-0": group ranks).
-  void trace(PycommWork& work, const std::string& what, const at::Tensor& tensor);
+  void trace(PycommWork& work, bool sending, int peer, const at::Tensor& tensor);
   // A send or receive's Work joins an open coalescing block.
   void joinCoalescing(const c10::intrusive_ptr<PycommWork>& work);
   // A receive, posted at once like a send; `anyPeer`: srcRank is Transport::kAnyPeer.
@@ -171,7 +171,8 @@ class PycommBackend final : public ::c10d::Backend {
   std::shared_ptr<const FlightRecorder::Group> traceGroup_;
   std::atomic<uint64_t> tracedCollectives_{0};
   std::atomic<uint64_t> tracedPointToPoint_{0};
-  std::atomic<uint64_t> shrinks_{0};             // shrink() calls so far: each one's store keys
+  std::atomic<uint64_t> shrinks_{0};
+  std::atomic<uint64_t> monitoredBarriers_{0};  // monitoredBarrier calls so far: each one's tags             // shrink() calls so far: each one's store keys
   int shrinkDepth_ = 0;
 };
 

@@ -102,7 +102,7 @@ c10::intrusive_ptr<PycommWork> PycommBackend::submit(const CollectiveOp& op, std
     auto inputs = op.tensors().profiled();
     auto outputs = op.tensors().written();
     if (outputs.empty()) outputs = inputs;
-    work->setTraceId(recorder.record(traceGroup_, ++tracedCollectives_, tracedPointToPoint_.load(), traceName(op.title()),
+    work->setTraceId(recorder.record(traceGroup_, ++tracedCollectives_, tracedPointToPoint_.load(), op.title(), {},
                                      false, inputs, outputs, comm_->timeout().count()));
   }
   auto task = [work, body = std::move(body), staging, rank = globalRank()] {
@@ -118,6 +118,12 @@ c10::intrusive_ptr<PycommWork> PycommBackend::submit(const CollectiveOp& op, std
       if (staging) staging->copyOut();
     } catch (const TimeoutError&) {
       FlightRecorder::instance().dumpOnFault(rank, "a collective timed out");
+      work->complete(std::current_exception());
+      return;
+    } catch (const RemoteError&) {
+      // A peer's failure report or a lost connection: often a rank that is not stuck itself but
+      // whose peers are, whose dump the analyzer needs beside theirs.
+      FlightRecorder::instance().dumpOnFault(rank, "a collective failed");
       work->complete(std::current_exception());
       return;
     } catch (const std::exception&) {

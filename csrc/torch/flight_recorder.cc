@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +32,8 @@ void warn(const std::string& message) { Logger(LogLevel::kWarn, " flight recorde
 
 size_t capacityFromEnvironment() {
   const char* value = std::getenv("TORCH_FR_BUFFER_SIZE");
+  // torch's older name, which it still reads when the new one is not set.
+  if (value == nullptr || *value == '\0') value = std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE");
   if (value == nullptr || *value == '\0') return kDefaultCapacity;
   char* end = nullptr;
   errno = 0;
@@ -38,7 +42,11 @@ size_t capacityFromEnvironment() {
     warn(strCat("TORCH_FR_BUFFER_SIZE=", value, " is not a count of entries: keeping ", kDefaultCapacity));
     return kDefaultCapacity;
   }
-  return std::min(static_cast<size_t>(n), kMaxCapacity);
+  if (static_cast<unsigned long long>(n) > kMaxCapacity) {
+    warn(strCat("TORCH_FR_BUFFER_SIZE=", value, " is more than ", kMaxCapacity, " entries: keeping ", kMaxCapacity));
+    return kMaxCapacity;
+  }
+  return static_cast<size_t>(n);
 }
 
 int64_t nowNs() {
@@ -96,6 +104,8 @@ std::string traceName(const char* title) {
       {"all_gather_coalesced", "ALLGATHER_coalesced"},
       {"all_gather_into_tensor", "_all_gather_base"},
       {"reduce_scatter_tensor", "_reduce_scatter_base"},
+      // The analyzer lets ranks' input sizes differ only for "all_to_all", gloo's name for both forms.
+      {"all_to_all_single", "all_to_all"},
   };
   std::string op(title);
   if (const auto colon = op.find(':'); colon != std::string::npos) op.erase(0, colon + 1);
@@ -109,10 +119,10 @@ FlightRecorder& FlightRecorder::instance() {
   return *recorder;
 }
 
-FlightRecorder::FlightRecorder() : capacity_(capacityFromEnvironment()) { entries_.reserve(std::min(capacity_, size_t{64})); }
+FlightRecorder::FlightRecorder() : capacity_(capacityFromEnvironment()) {}
 
 std::optional<uint64_t> FlightRecorder::record(const std::shared_ptr<const Group>& group, uint64_t collectiveSeq,
-                                               uint64_t p2pSeq, std::string profilingName, bool isP2P,
+                                               uint64_t p2pSeq, const char* title, std::string p2pName, bool isP2P,
                                                const std::vector<at::Tensor>& inputs,
                                                const std::vector<at::Tensor>& outputs, int64_t timeoutMs) {
   if (!enabled()) return std::nullopt;
@@ -120,13 +130,17 @@ std::optional<uint64_t> FlightRecorder::record(const std::shared_ptr<const Group
   e.group = group;
   e.collectiveSeq = collectiveSeq;
   e.p2pSeq = p2pSeq;
-  e.profilingName = std::move(profilingName);
+  e.title = title;
+  e.p2pName = std::move(p2pName);
   e.isP2P = isP2P;
   e.timeCreatedNs = nowNs();
   e.timeoutMs = timeoutMs;
   describe(inputs, e.inputDims, e.inputSizes, e.inputDtypes);
   describe(outputs, e.outputDims, e.outputSizes, e.outputDtypes);
   std::lock_guard<std::mutex> lock(mutex_);
+  // The whole ring at once: growing it under this lock would move every entry while each group's
+  // threads wait for it.
+  if (entries_.capacity() < capacity_) entries_.reserve(capacity_);
   e.id = nextId_++;
   const size_t slot = static_cast<size_t>(e.id % capacity_);
   if (slot < entries_.size()) {
@@ -191,7 +205,7 @@ std::string FlightRecorder::dump() {
     d.insert("collective_seq_id", static_cast<int64_t>(e.collectiveSeq));
     d.insert("p2p_seq_id", static_cast<int64_t>(e.p2pSeq));
     d.insert("op_id", static_cast<int64_t>(e.isP2P ? e.p2pSeq : e.collectiveSeq));
-    d.insert("profiling_name", e.profilingName);
+    d.insert("profiling_name", e.isP2P ? "gloo:" + e.p2pName : traceName(e.title));
     d.insert("time_created_ns", e.timeCreatedNs);
     d.insert("input_sizes", sizesList(e.inputDims, e.inputSizes));
     d.insert("input_dtypes", dtypesList(e.inputDtypes));
@@ -220,20 +234,29 @@ std::string FlightRecorder::dump() {
 
 void FlightRecorder::dumpTo(const std::string& path) {
   const std::string bytes = dump();
-  const std::string partial = path + ".partial";
+  // One dump at a time per process (two groups timing out together, an abort beside a timeout),
+  // through a temporary file whose name the analyzer never takes for a dump (it reads every file
+  // whose name holds the prefix), renamed over the dump only once whole.
+  std::lock_guard<std::mutex> lock(dumpMutex_);
+  const auto slash = path.rfind('/');
+  const std::string folder = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+  const std::string partial = strCat(folder, ".pycomm-flight-recorder-", ::getpid(), ".tmp");
   FILE* file = std::fopen(partial.c_str(), "wb");
-  TORCH_CHECK(file != nullptr, "pycomm flight recorder: cannot write a dump to ", partial, " (", std::strerror(errno),
-              "): expected a writable path prefix (TORCH_FR_DUMP_TEMP_FILE)");
+  TORCH_CHECK(file != nullptr, "pycomm flight recorder: cannot write a dump next to ", path, " (", partial, ": ",
+              std::strerror(errno), "): expected a writable path prefix (TORCH_FR_DUMP_TEMP_FILE)");
   const size_t written = std::fwrite(bytes.data(), 1, bytes.size(), file);
-  const int writeErrno = errno;
-  const bool closed = std::fclose(file) == 0;
-  if (written != bytes.size() || !closed) {
+  int error = written == bytes.size() ? 0 : errno;
+  if (std::fclose(file) != 0 && error == 0) error = errno;
+  if (written != bytes.size() || error != 0) {
     std::remove(partial.c_str());
     TORCH_CHECK(false, "pycomm flight recorder: writing ", bytes.size(), " bytes to ", partial, " failed (",
-                std::strerror(writeErrno), ")");
+                std::strerror(error), ")");
   }
-  TORCH_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, "pycomm flight recorder: cannot rename ", partial,
-              " to ", path, " (", std::strerror(errno), ")");
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    error = errno;
+    std::remove(partial.c_str());
+    TORCH_CHECK(false, "pycomm flight recorder: cannot rename ", partial, " to ", path, " (", std::strerror(error), ")");
+  }
 }
 
 std::string FlightRecorder::defaultPath(int64_t rank) {

@@ -43,9 +43,12 @@ class FlightRecorder {
 
   bool enabled() const { return capacity_ > 0; }
   // Records an op as scheduled; the id marks it started and completed. Nothing when disabled.
+  // `title`: the op's profiler title (a literal: kept as a pointer, named at dump time); `p2pName`:
+  // a send or receive's "send 0->1" / "recv 1<-0" (group ranks), empty for a collective.
   std::optional<uint64_t> record(const std::shared_ptr<const Group>& group, uint64_t collectiveSeq, uint64_t p2pSeq,
-                                 std::string profilingName, bool isP2P, const std::vector<at::Tensor>& inputs,
-                                 const std::vector<at::Tensor>& outputs, int64_t timeoutMs);
+                                 const char* title, std::string p2pName, bool isP2P,
+                                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                                 int64_t timeoutMs);
   void started(const std::optional<uint64_t>& id);
   void completed(const std::optional<uint64_t>& id);
   void addGroup(const std::shared_ptr<const Group>& group);
@@ -68,7 +71,8 @@ class FlightRecorder {
     std::shared_ptr<const Group> group;
     uint64_t collectiveSeq = 0;
     uint64_t p2pSeq = 0;
-    std::string profilingName;
+    const char* title = "";
+    std::string p2pName;
     bool isP2P = false;
     int64_t timeCreatedNs = 0;
     int64_t timeoutMs = 0;
@@ -85,6 +89,7 @@ class FlightRecorder {
 
   const size_t capacity_;
   std::mutex mutex_;
+  std::mutex dumpMutex_;  // one dump file written at a time
   std::vector<Entry> entries_;  // a ring: entry id lives at id % capacity_
   uint64_t nextId_ = 0;
   std::vector<std::shared_ptr<const Group>> groups_;

@@ -25,12 +25,14 @@ PointToPointTensor pointToPointTensorOf(const Validator& v, const std::vector<at
 
 }  // namespace
 
-void PycommBackend::trace(PycommWork& work, const std::string& what, const at::Tensor& tensor) {
+void PycommBackend::trace(PycommWork& work, bool sending, int peer, const at::Tensor& tensor) {
   auto& recorder = FlightRecorder::instance();
   if (!recorder.enabled() || !traceGroup_) return;
+  std::string what = sending ? strCat("send ", rank_, "->", peer) : strCat("recv ", rank_, "<-", peer);
   // Posted at once: started when recorded.
-  work.setTraceId(recorder.record(traceGroup_, tracedCollectives_.load(), ++tracedPointToPoint_, "gloo:" + what, true,
-                                  {tensor}, {tensor}, comm_->timeout().count()));
+  work.setTraceId(recorder.record(traceGroup_, tracedCollectives_.load(), ++tracedPointToPoint_,
+                                  sending ? "pycomm:send" : "pycomm:recv", std::move(what), true, {tensor}, {tensor},
+                                  comm_->timeout().count()));
   recorder.started(work.traceId());
 }
 
@@ -52,7 +54,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::send(std::vector<at::Tensor>& te
   auto request = comm_->send(flat.data_ptr(), flat.nbytes(), dstRank, static_cast<uint64_t>(tag));
   auto work = c10::make_intrusive<PointToPointWork>(comm_, request, ::c10d::OpType::SEND, staging ? tensors[0] : flat,
                                                     strCat("send to peer ", dstRank, " (tag ", tag, ")"), staging);
-  trace(*work, strCat("send ", rank_, "->", dstRank), flat);
+  trace(*work, true, dstRank, flat);
   joinCoalescing(work);
   // The host copy of a device tensor lives as long as the request, which holds this callback.
   comm_->onComplete(
@@ -81,7 +83,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::postReceive(std::vector<at::Tens
       comm_, request, anyPeer ? ::c10d::OpType::RECVANYSOURCE : ::c10d::OpType::RECV, staging ? tensors[0] : t,
       anyPeer ? strCat("recv from any peer (tag ", tag, ")") : strCat("recv from peer ", srcRank, " (tag ", tag, ")"),
       staging, onReceived);
-  trace(*work, anyPeer ? strCat("recv ", rank_, "<-any") : strCat("recv ", rank_, "<-", srcRank), t);
+  // A receive from any peer is not recorded: the analyzer needs the source's rank in the name.
+  if (!anyPeer) trace(*work, false, srcRank, t);
   joinCoalescing(work);
   comm_->onComplete(
       request, [work] { work->finishFromRequest(); }, [raw = work.get()] { return raw->awaited(); });
