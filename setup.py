@@ -1,6 +1,7 @@
 """Builds pycomm's extension (pycomm._C) with torch.utils.cpp_extension and ninja.
 
-The core (csrc/core) is plain C++17; the adapter (csrc/torch) is the only code that includes torch.
+The core (csrc/core) is plain C++17; the adapter (csrc/torch) is the only code that includes torch,
+and torch's headers set the language standard of the whole extension (cxx_standard).
 A CUDA extension is built when torch has CUDA and nvcc is found; a CPU-only one otherwise.
 """
 
@@ -19,7 +20,17 @@ from torch.utils.cpp_extension import (
 )
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CXX_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-Wno-unused-parameter"]
+
+
+def cxx_standard() -> str:
+    """The C++ standard the installed torch's headers need: C++20 from torch 2.14 (its ATen.h stops
+    a C++17 build with an #error), C++17 before. The core is compiled with it too (it is one
+    extension); CMake keeps building the core alone as C++17, so it stays C++17-clean."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return "-std=c++20" if (major, minor) >= (2, 14) else "-std=c++17"
+
+
+CXX_FLAGS = ["-O3", cxx_standard(), "-ffp-contract=off", "-Wno-unused-parameter"]
 
 
 # The adapter's files each spend about a minute parsing torch's headers and a few seconds on their
@@ -95,5 +106,5 @@ setup(
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.10",
-    install_requires=["torch>=2.4"],
+    install_requires=["torch>=2.13,<2.15"],  # the versions scripts/setup.sh accepts
 )
