@@ -1,6 +1,7 @@
 """Builds pycomm's extension (pycomm._C) with torch.utils.cpp_extension and ninja.
 
-The core (csrc/core) is plain C++17; the adapter (csrc/torch) is the only code that includes torch.
+The core (csrc/core) is plain C++17; the adapter (csrc/torch) is the only code that includes torch,
+and torch's headers set the extension's language standard (C++20, see CXX_FLAGS).
 A CUDA extension is built when torch has CUDA and nvcc is found; a CPU-only one otherwise.
 """
 
@@ -19,7 +20,13 @@ from torch.utils.cpp_extension import (
 )
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CXX_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-Wno-unused-parameter"]
+# C++20 for every supported torch: torch 2.14's ATen.h stops a C++17 build with an #error, and
+# torch 2.13's headers already use C++20 (c10/core/AutogradState.h initializes bit-fields, which a
+# C++17 build takes only as a GCC extension), and torch's cpp_extension gives C++20 to extensions
+# that name no standard.
+# The core is compiled with it too (it is one extension); CMake builds the core alone as C++17 for
+# its native tests, so it stays C++17-clean.
+CXX_FLAGS = ["-O3", "-std=c++20", "-ffp-contract=off", "-Wno-unused-parameter"]
 
 
 # The adapter's files each spend about a minute parsing torch's headers and a few seconds on their
@@ -95,5 +102,5 @@ setup(
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.10",
-    install_requires=["torch>=2.4"],
+    install_requires=["torch>=2.13,<2.15"],  # the versions scripts/setup.sh accepts
 )

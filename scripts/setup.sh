@@ -4,10 +4,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m pip --version >/dev/null
-# torch 2.13.0 CPU build (a CUDA machine gets torch's CUDA build the same way).
-if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13') else 1)" 2>/dev/null; then
-  python3 -m pip install -q "torch==2.13.0"
-fi
+# pycomm supports torch 2.13 and 2.14 (README: "Supported torch versions"). One already installed is
+# kept; with none, torch 2.13.0 is installed (the CPU build here; a CUDA machine gets torch's CUDA
+# build the same way); any other version stops the setup rather than being replaced.
+torch_version=$(python3 -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null || true)
+case "$torch_version" in
+  "") python3 -m pip install -q "torch==2.13.0" ;;
+  2.13.* | 2.14.*) ;;
+  *)
+    echo "setup.sh: torch $torch_version is installed; pycomm supports torch 2.13.x and 2.14.x." >&2
+    echo "Install one of them (pip install torch==2.13.0), or use a virtual environment." >&2
+    exit 1
+    ;;
+esac
 python3 -m pip install -q ninja pytest hypothesis numpy matplotlib
 command -v cmake >/dev/null || python3 -m pip install -q cmake
 # No build isolation: an isolated build would fetch another torch. The first install registers the

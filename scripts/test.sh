@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: native tests of the core (ctest), then the pytest suite against torch.distributed.
-# Set PYCOMM_FULL_SWEEP=1 for the exhaustive sweeps.
+# Set PYCOMM_FULL_SWEEP=1 for the exhaustive sweeps. Set PYCOMM_TORCH=<version> (e.g. 2.14.1) to run
+# the pytest suite against that torch instead, in a virtual environment of its own (other_torch.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${PYCOMM_TORCH:-}" ]; then exec ./scripts/other_torch.sh "$PYCOMM_TORCH" "$@"; fi
 ./scripts/setup.sh || exit 1
 echo "[phase] setup and build: ${SECONDS} s"
 
