@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/SmallVector.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -41,7 +42,9 @@ class FlightRecorder {
   // One per process, like torch's: a dump holds every group's entries in the order they were issued.
   static FlightRecorder& instance();
 
-  bool enabled() const { return capacity_ > 0; }
+  bool enabled() const { return capacity_ > 0 && recording_.load(std::memory_order_relaxed); }
+  // Pauses or resumes recording (a ring of size 0 stays off): for measuring what recording costs.
+  void setRecording(bool on) { recording_.store(on, std::memory_order_relaxed); }
   // Records an op as scheduled; the id marks it started and completed. Nothing when disabled.
   // `title`: the op's profiler title (a literal: kept as a pointer, named at dump time); `p2pName`:
   // a send or receive's "send 0->1" / "recv 1<-0" (group ranks), empty for a collective.
@@ -88,6 +91,7 @@ class FlightRecorder {
   Entry* find(uint64_t id);  // under mutex_; null once overwritten
 
   const size_t capacity_;
+  std::atomic<bool> recording_{true};
   std::mutex mutex_;
   std::mutex dumpMutex_;  // one dump file written at a time
   std::vector<Entry> entries_;  // a ring: entry id lives at id % capacity_
