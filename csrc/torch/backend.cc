@@ -51,6 +51,12 @@ int64_t PycommBackend::globalRank() const {
   return traceGroup_ ? traceGroup_->ranks[static_cast<size_t>(rank_)] : rank_;
 }
 
+std::vector<int64_t> PycommBackend::globalRanksOf(const std::vector<int>& groupRanks) const {
+  std::vector<int64_t> global;
+  for (int r : groupRanks) global.push_back(traceGroup_ ? traceGroup_->ranks[static_cast<size_t>(r)] : r);
+  return global;
+}
+
 void PycommBackend::abort() {
   FlightRecorder::instance().dumpOnFault(globalRank(), "abort()");
 #if PYCOMM_WITH_CUDA

@@ -125,6 +125,8 @@ class PycommBackend final : public ::c10d::Backend {
   void setTraceGroup(const std::string& name, const std::string& desc, const std::vector<int64_t>& globalRanks);
   // This process's rank in the default group, as the dump's file name carries it.
   int64_t globalRank() const;
+  // The global ranks of some of this group's ranks (a split's or a shrink's members).
+  std::vector<int64_t> globalRanksOf(const std::vector<int>& groupRanks) const;
 
  private:
   // The one path of every collective (collective_op.h says which steps it takes). A check that
@@ -171,8 +173,9 @@ class PycommBackend final : public ::c10d::Backend {
   std::shared_ptr<const FlightRecorder::Group> traceGroup_;
   std::atomic<uint64_t> tracedCollectives_{0};
   std::atomic<uint64_t> tracedPointToPoint_{0};
-  std::atomic<uint64_t> shrinks_{0};
-  std::atomic<uint64_t> monitoredBarriers_{0};  // monitoredBarrier calls so far: each one's tags             // shrink() calls so far: each one's store keys
+  std::atomic<uint64_t> shrinks_{0};            // shrink() calls so far: each one's store keys
+  std::atomic<uint64_t> monitoredBarriers_{0};  // monitoredBarrier calls so far: each one's tags
+  std::atomic<uint64_t> splits_{0};             // split() calls so far: each one's store keys
   int shrinkDepth_ = 0;
 };
 

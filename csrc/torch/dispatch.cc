@@ -116,17 +116,12 @@ c10::intrusive_ptr<PycommWork> PycommBackend::submit(const CollectiveOp& op, std
       if (staging) staging->copyIn();
       body();
       if (staging) staging->copyOut();
-    } catch (const TimeoutError&) {
-      FlightRecorder::instance().dumpOnFault(rank, "a collective timed out");
-      work->complete(std::current_exception());
-      return;
-    } catch (const RemoteError&) {
-      // A peer's failure report or a lost connection: often a rank that is not stuck itself but
-      // whose peers are, whose dump the analyzer needs beside theirs.
-      FlightRecorder::instance().dumpOnFault(rank, "a collective failed");
-      work->complete(std::current_exception());
-      return;
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      // A timeout, or a peer's failure report or a lost connection (often a rank that is not stuck
+      // itself but whose peers are, whose dump the analyzer needs beside theirs); not bad input.
+      if (dynamic_cast<const TimeoutError*>(&e) != nullptr || dynamic_cast<const RemoteError*>(&e) != nullptr) {
+        FlightRecorder::instance().dumpOnFault(rank, "a collective failed");
+      }
       work->complete(std::current_exception());  // rethrown to the caller by wait()
       return;
     }

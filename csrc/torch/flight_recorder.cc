@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/shrink.h"
 
 namespace pycomm::torch_adapter {
 namespace {
@@ -86,11 +87,6 @@ c10::List<c10::IValue> dtypesList(const Dtypes& dtypes) {
   return out;
 }
 
-std::string ranksText(const std::vector<int64_t>& ranks) {
-  std::string out = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
-  return out + "]";
-}
 
 c10::IValue optionalNs(const std::optional<int64_t>& ns) { return ns ? c10::IValue(*ns) : c10::IValue(); }
 
@@ -193,7 +189,7 @@ std::string FlightRecorder::dump() {
     auto config = newDict();
     config.insert("name", g->name);
     config.insert("desc", g->desc);
-    config.insert("ranks", ranksText(g->ranks));
+    config.insert("ranks", describeRanks(std::vector<int>(g->ranks.begin(), g->ranks.end())));
     pgConfig.insert_or_assign(g->name, config);
   }
   c10::List<c10::IValue> list(c10::AnyType::get());

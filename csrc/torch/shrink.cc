@@ -46,9 +46,7 @@ c10::intrusive_ptr<::c10d::Backend> PycommBackend::shrink(const std::vector<int6
   }
   auto shrunk = c10::make_intrusive<PycommBackend>(store, next);
   shrunk->shrinkDepth_ = shrinkDepth_ + 1;
-  std::vector<int64_t> globalRanks;
-  for (int r : plan.survivors) globalRanks.push_back(traceGroup_ ? traceGroup_->ranks[static_cast<size_t>(r)] : r);
-  shrunk->setTraceGroup(next.groupName, "pycomm:shrunk", globalRanks);
+  shrunk->setTraceGroup(next.groupName, "pycomm:shrunk", globalRanksOf(plan.survivors));
   return shrunk;
 }
 

@@ -2,6 +2,8 @@
 // and DeviceMesh on a group bound to a device). The child takes this group's settings (transport,
 // algorithm, chunking, host id, limits) instead of the creator's options, and its global ranks and
 // name for the flight recorder; it forms over the store torch gives it like any group.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <algorithm>
 
 #include "backend.h"
@@ -33,10 +35,13 @@ c10::intrusive_ptr<::c10d::Backend> PycommBackend::split(const c10::intrusive_pt
   const std::string parentName = comm_->config().groupName.empty() ? "default" : comm_->config().groupName;
   next.groupName = opts && !opts->group_name.empty() ? opts->group_name : parentName + ":split";
   if (opts && opts->timeout.count() > 0) next.timeout = clampTimeout(opts->timeout);
-  auto child = c10::make_intrusive<PycommBackend>(store, next);
-  std::vector<int64_t> globalRanks;
-  for (int r : sorted) globalRanks.push_back(traceGroup_ ? traceGroup_->ranks[static_cast<size_t>(r)] : r);
-  child->setTraceGroup(next.groupName, opts && !opts->group_desc.empty() ? opts->group_desc : "pycomm", globalRanks);
+  // Keys of its own for each child: torch hands every child of one split the same store, so two
+  // children formed at once (split by parity) read each other's addresses without a prefix. Every
+  // rank of the parent splits the same number of times (split_group is collective over it).
+  auto keys = c10::make_intrusive<::c10d::PrefixStore>(strCat("pycomm/split/", splits_++, "/", next.groupName), store);
+  auto child = c10::make_intrusive<PycommBackend>(keys, next);
+  child->setTraceGroup(next.groupName, opts && !opts->group_desc.empty() ? opts->group_desc : "pycomm",
+                       globalRanksOf(sorted));
   return child;
 }
 
