@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import os
 import socket
+import weakref
 from typing import Any
 
 import torch
@@ -81,30 +83,56 @@ def host_id() -> str:
     return "/".join(parts)
 
 
-def _fresh_keys(store: Any) -> Any:
-    """The group's store, under a prefix of its own once the default group was shrunk.
+# How many groups of each member list this process has formed under the default group that
+# _formed_under refers to (weakly: a destroyed default group must not live on here).
+_formed: dict[tuple[int, ...], int] = {}
+_formed_under: weakref.ref[Any] | None = None
 
-    Shrinking the default group destroys torch's WORLD, which restarts its group names at "0": a
-    group made afterwards gets the store prefix of one made before (the first default group's, say),
-    whose keys are still there. The default group's shrink depth, the same on every survivor, keeps
-    the new group's keys apart from every earlier generation's."""
+
+def _group_keys(store: Any, global_ranks: list[int]) -> Any:
+    """The store under keys every member of the group names alike.
+
+    torch hands a group's backend PrefixStore("<device>/", PrefixStore("<group name>/", S)), S the
+    default group's store, and the name is a per-process count of groups: a rank whose count went
+    another way (torch 2.14's shrink_group counts on the ranks that shrink, not on the one it left
+    out) would wait under another prefix than its peers until the timeout. The members and how many
+    groups of those members this process formed before agree on every member, since torch has each
+    create its groups in the same order. The default group's shrink depth, the same on every
+    survivor, keeps a generation's keys apart from the last one's (shrinking the default group
+    restarts torch's names, and S, at the first default group's)."""
+    global _formed_under
     try:
         default = dist.distributed_c10d._get_default_group()
+    except (RuntimeError, ValueError):
+        return store  # no default group yet: this is it, and its name is the same everywhere
+    try:
         backend = default._get_backend(torch.device("cpu"))
     except (RuntimeError, ValueError):
-        return store  # no default group yet: this is it
+        backend = None  # a default group without a CPU backend (nccl alone): never shrunk by pycomm
     depth = backend.shrink_depth if isinstance(backend, _C.PycommBackend) else 0
-    return dist.PrefixStore(f"pycomm-world{depth}/", store) if depth > 0 else store
+    shared = getattr(getattr(store, "underlying_store", None), "underlying_store", None)
+    if shared is None or not global_ranks:
+        return dist.PrefixStore(f"pycomm-world{depth}/", store) if depth > 0 else store
+    if _formed_under is None or _formed_under() is not default:
+        _formed.clear()
+        _formed_under = weakref.ref(default)
+    members = tuple(global_ranks)
+    nth = _formed.get(members, 0)
+    _formed[members] = nth + 1
+    digest = hashlib.sha256(",".join(map(str, members)).encode()).hexdigest()[:24]
+    return dist.PrefixStore(f"pycomm/group/{depth}/{digest}/{nth}/", shared)
 
 
 def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
     """The creator torch calls for every process group of backend "pycomm"."""
+    # First, before anything can fail on one rank only: every member counts this group (_group_keys).
+    ranks = [int(r) for r in getattr(dist_options, "global_ranks_in_group", None) or []]
+    store = _group_keys(dist_options.store, ranks)
     if pg_options is None:
         pg_options = Options()
     if not isinstance(pg_options, Options):
         raise TypeError(f"pycomm: pg_options must be a pycomm.Options, got {type(pg_options).__name__}")
     options = pg_options.resolved()
-    store = _fresh_keys(dist_options.store)
     config = {
         "timeout_ms": options.timeout_ms(dist_options.timeout),
         "group_name": str(dist_options.group_id or ""),
@@ -122,7 +150,6 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         "cost_model": load_cost_model(),
     }
     backend = _C.PycommBackend(store, dist_options.group_rank, dist_options.group_size, config)
-    ranks = list(getattr(dist_options, "global_ranks_in_group", None) or [])
     backend._set_trace_group(str(dist_options.group_id or ""), "pycomm", ranks)
     return backend
 

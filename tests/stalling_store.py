@@ -46,14 +46,16 @@ _KEEP_ALIVE: list[StallingStore] = []
 
 
 def stall_pycomm_store(stall_key: str, stall_s: float) -> None:
-    """Every pycomm backend this process creates from now on gets a StallingStore."""
-    plugin = dist.Backend._plugins["PYCOMM"]
-    create = plugin.creator_fn
+    """Every pycomm backend this process creates from now on reads its store through a StallingStore,
+    wrapped around the keys pycomm chose (its choice reads the store torch hands it, which a
+    wrapper on one rank only must not change)."""
+    import pycomm.backend as backend
 
-    def stalling_create(dist_options: Any, pg_options: Any) -> Any:
-        store = StallingStore(dist_options.store, stall_s=stall_s, stall_key=stall_key)
-        _KEEP_ALIVE.append(store)
-        dist_options.store = store
-        return create(dist_options, pg_options)
+    choose = backend._group_keys
 
-    dist.Backend._plugins["PYCOMM"] = plugin._replace(creator_fn=stalling_create)
+    def stalling_keys(store: Any, global_ranks: list[int]) -> Any:
+        stalling = StallingStore(choose(store, global_ranks), stall_s=stall_s, stall_key=stall_key)
+        _KEEP_ALIVE.append(stalling)
+        return stalling
+
+    backend._group_keys = stalling_keys
