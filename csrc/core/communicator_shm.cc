@@ -52,13 +52,16 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
   // it would pair steps of different lengths, which no signature tells apart.
   const std::string chunk = std::to_string(config_.chunkBytes);
   store.set(strCat("pycomm/chunk_bytes/", rank()), std::vector<uint8_t>(chunk.begin(), chunk.end()));
+  std::vector<std::string> keys;
+  for (int q = 0; q < size(); ++q) keys.push_back(strCat("pycomm/host/", q));
+  for (int q = 0; q < size(); ++q) keys.push_back(strCat("pycomm/chunk_bytes/", q));
+  const auto values = store.getAll(keys, timeout());
   std::vector<std::string> hosts(size());
   std::string otherChunk;
   int otherRank = -1;
   for (int q = 0; q < size(); ++q) {
-    auto id = store.get(strCat("pycomm/host/", q), timeout());
-    hosts[q] = std::string(id.begin(), id.end());
-    auto theirs = store.get(strCat("pycomm/chunk_bytes/", q), timeout());
+    hosts[q].assign(values[q].begin(), values[q].end());
+    const auto& theirs = values[size() + q];
     if (otherRank < 0 && std::string(theirs.begin(), theirs.end()) != chunk) {
       otherRank = q;
       otherChunk.assign(theirs.begin(), theirs.end());
@@ -85,7 +88,9 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
     // logged, since this rank already knows its error.
     store.set(strCat("pycomm/host_read/", rank()), {1});
     try {
-      for (int q = 0; q < size(); ++q) store.get(strCat("pycomm/host_read/", q), timeout());
+      std::vector<std::string> read;
+      for (int q = 0; q < size(); ++q) read.push_back(strCat("pycomm/host_read/", q));
+      store.getAll(read, timeout());
     } catch (const std::exception& error) {
       logger_.log(LogLevel::kWarn, strCat("waiting for the other ranks to read the host list: ", error.what()));
     }
@@ -115,9 +120,12 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
           // memory if any lacks it, so the hosts keep one shape of all-reduce.
           const std::string mine = mappedHere ? "1" : "0" + why;
           store.set(strCat("pycomm/shm_mapped/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+          std::vector<std::string> ballots;
+          for (int q = 0; q < size(); ++q) ballots.push_back(strCat("pycomm/shm_mapped/", q));
+          const auto votes = store.getAll(ballots, timeout());
           bool all = true;
           for (int q = 0; q < size(); ++q) {
-            const auto vote = store.get(strCat("pycomm/shm_mapped/", q), timeout());
+            const auto& vote = votes[q];
             if (!vote.empty() && vote[0] == '1') continue;
             if (all) {
               logger_.log(LogLevel::kInfo, strCat("rank ", q, " has no shared memory with its host's ranks (",

@@ -71,8 +71,15 @@ GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store
   if (rank == 0) {
     token = makeToken();
     store.set(kTokenKey, std::vector<uint8_t>(token.begin(), token.end()));
-  } else {
-    auto bytes = store.get(kTokenKey, timeout);
+  }
+  // The token and every lower rank's address, read at once (every rank publishes its address
+  // before it waits for anything).
+  std::vector<std::string> keys;
+  if (rank != 0) keys.push_back(kTokenKey);
+  for (int peer = 0; peer < rank; ++peer) keys.push_back(addressKey(peer));
+  const auto values = store.getAll(keys, timeout);
+  if (rank != 0) {
+    const auto& bytes = values[0];
     PYCOMM_CHECK(bytes.size() == token.size(), InternalError, "group token has ", bytes.size(), " bytes");
     std::memcpy(token.data(), bytes.data(), token.size());
   }
@@ -80,7 +87,7 @@ GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store
   // Connect to every lower rank. A lower rank answers only once it has finished its own connects,
   // which by induction always happens: rank 0 answers at once.
   for (int peer = 0; peer < rank; ++peer) {
-    auto text = store.get(addressKey(peer), timeout);
+    const auto& text = values[1 + peer];
     const Endpoint endpoint = Endpoint::parse(std::string(text.begin(), text.end()));
     group.peers[peer] = connectToPeer(rank, size, peer, endpoint, token, deadline);
   }
