@@ -4,6 +4,8 @@ policy of the CLI tests."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import sys
 import traceback
@@ -203,3 +205,21 @@ def store_barrier(name: str, world: int, timeout_s: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"store barrier {name!r} incomplete after {timeout_s}s")
         time.sleep(0.005)
+
+
+CLONE_NEWNS = 0x00020000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+
+
+def private_mounts() -> Any:
+    """This thread (a rank's main thread, which creates groups) gets a mount namespace of its own,
+    private, so that what it mounts next shows nowhere else. Returns libc, whose mount() is typed."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    # Private first, or a mount made next would show in the parent namespace too.
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    return libc

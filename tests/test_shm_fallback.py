@@ -10,7 +10,6 @@ runs in CI; skipped otherwise).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import time
 from types import ModuleType
@@ -20,23 +19,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from mp import run_ranks
-
-CLONE_NEWNS = 0x00020000
-MS_REC = 0x4000
-MS_PRIVATE = 1 << 18
+from support import private_mounts
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a private /dev/shm needs root (unshare, mount)")
 
 
 def _own_dev_shm() -> None:
     """This thread (the rank's main thread, which creates groups) gets its own empty /dev/shm."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    if libc.unshare(CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
-    # Private first, or the tmpfs below would show in the parent namespace too.
-    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    libc = private_mounts()
     if libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=64m") != 0:
         raise OSError(ctypes.get_errno(), "mount tmpfs /dev/shm")
 

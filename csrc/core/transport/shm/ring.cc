@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "segment.h"
+
 namespace pycomm::transport::shm {
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
@@ -11,7 +13,25 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 size_t Ring::bytesFor(size_t capacity) { return sizeof(Header) + capacity; }
 
 Ring::Ring(uint8_t* base, size_t capacity)
-    : header_(reinterpret_cast<Header*>(base)), data_(base + sizeof(Header)), capacity_(capacity) {}
+    : header_(reinterpret_cast<Header*>(base)),
+      data_(base + sizeof(Header)),
+      capacity_(capacity),
+      reserved_(std::min(bytesFor(capacity), kReserveGrain)) {}
+
+std::string Ring::reserveFor(size_t bytes) {
+  // Offsets from the ring's start, header included: the first grain came reserved (ring.h).
+  const size_t total = sizeof(Header) + capacity_;
+  if (reserved_ >= total) return {};
+  // The first lap writes from the start up, so what it reaches is head + bytes.
+  const uint64_t head = header_->head.load(std::memory_order_relaxed);
+  const uint64_t reach = sizeof(Header) + std::min<uint64_t>(capacity_, head + bytes);
+  if (reach <= reserved_) return {};
+  const size_t grains = (static_cast<size_t>(reach) + kReserveGrain - 1) / kReserveGrain;
+  const size_t wanted = std::min(total, std::max(grains * kReserveGrain, 2 * reserved_));
+  std::string failed = reservePages(reinterpret_cast<uint8_t*>(header_) + reserved_, wanted - reserved_);
+  if (failed.empty()) reserved_ = wanted;
+  return failed;
+}
 
 size_t Ring::write(const iovec* iov, size_t count, bool& ringConsumer) {
   ringConsumer = false;

@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <string>
 #include <cstddef>
 #include <cstdint>
 
@@ -32,6 +33,12 @@ class Ring {
 
   bool valid() const { return header_ != nullptr; }
 
+  // What a ring reserves of its pages at a time (segment.h). Whoever lays a ring out reserves its
+  // first grain (header included) before anyone touches it: its consumer polls the header.
+  static constexpr size_t kReserveGrain = 64 * 1024;
+  // Producer, before write(): reserves the pages the next `bytes` reach, in the ring's first lap
+  // (later laps reuse them). Empty when done, else why not (/dev/shm full).
+  std::string reserveFor(size_t bytes);
   // Producer. Copies as much of `iov` as fits and returns the byte count; `ringConsumer` is set
   // when the consumer may be asleep and must be told.
   size_t write(const iovec* iov, size_t count, bool& ringConsumer);
@@ -50,6 +57,7 @@ class Ring {
   Header* header_ = nullptr;
   uint8_t* data_ = nullptr;
   size_t capacity_ = 0;
+  size_t reserved_ = 0;  // the producer's: bytes from the ring's start reserved so far
 };
 
 }  // namespace pycomm::transport::shm

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,7 +21,36 @@ void* mapFd(int fd, size_t bytes, const std::string& name) {
   return base;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack the name
+#endif
+
+constexpr size_t kPage = 4096;
+
 }  // namespace
+
+bool reservesPartly() {
+  // Probed once on a page of anonymous shared memory, which tmpfs backs as it backs a segment.
+  static const bool supported = [] {
+    void* page = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) return false;
+    const bool ok = ::madvise(page, kPage, MADV_POPULATE_WRITE) == 0;
+    ::munmap(page, kPage);
+    return ok;
+  }();
+  return supported;
+}
+
+std::string reservePages(void* from, size_t bytes) {
+  if (bytes == 0 || !reservesPartly()) return {};  // without it, create() reserved everything
+  const auto start = reinterpret_cast<uintptr_t>(from) & ~uintptr_t{kPage - 1};
+  const auto end = (reinterpret_cast<uintptr_t>(from) + bytes + kPage - 1) & ~uintptr_t{kPage - 1};
+  if (::madvise(reinterpret_cast<void*>(start), end - start, MADV_POPULATE_WRITE) == 0) return {};
+  // EFAULT: a touch would have raised SIGBUS, which on tmpfs means it is full.
+  const int err = errno;
+  return strCat("cannot reserve ", end - start, " B of shared memory: ", std::strerror(err),
+                err == EFAULT || err == ENOMEM ? " (is /dev/shm full?)" : "");
+}
 
 void Segment::unlinkName(const std::string& name) { ::shm_unlink(name.c_str()); }
 
@@ -37,12 +67,23 @@ Segment Segment::create(const std::string& name, size_t bytes) {
     throw RemoteError(strCat("cannot size shared memory ", s.name_, " to ", bytes, " B: ", std::strerror(err),
                              " (is /dev/shm large enough?)"));
   }
-  // Reserve the pages now: on a /dev/shm too small for the segment, setup fails with this message
-  // instead of a SIGBUS in the middle of some later op. (Filesystems without fallocate: skipped.)
-  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err == ENOSPC || err == EFBIG) {
+  // A /dev/shm without room for the whole segment fails setup with this message (and the group
+  // runs over its connections) rather than a later reservation. Where pages cannot be reserved
+  // as they are first written, they all are now, or some later op would meet a SIGBUS.
+  std::string noRoom;
+  if (reservesPartly()) {
+    struct statvfs fs {};
+    if (::fstatvfs(fd, &fs) == 0 && fs.f_blocks > 0 &&
+        static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize < bytes) {
+      noRoom = strCat(static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize, " B are free");
+    }
+  } else if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err == ENOSPC || err == EFBIG) {
+    noRoom = std::strerror(err);  // (filesystems without fallocate: skipped)
+  }
+  if (!noRoom.empty()) {
     ::close(fd);
     ::shm_unlink(s.name_.c_str());
-    throw RemoteError(strCat("cannot reserve ", bytes, " B of shared memory for ", s.name_, ": ", std::strerror(err),
+    throw RemoteError(strCat("cannot reserve ", bytes, " B of shared memory for ", s.name_, ": ", noRoom,
                              " (is /dev/shm large enough?)"));
   }
   try {

@@ -93,10 +93,16 @@ class SegmentGroup final : public Group {
   Control& control(int q) const;
   // The first byte after the controls, where the slots start.
   size_t slotsOffset() const;
+  // Where the ring from group rank `from` to `to` lies (its header first).
+  uint8_t* ringBase(int from, int to) const;
   // A waiting step's look around, each time a futex wait times out: a dead peer, a peer that
   // runs another op or reported a failure of this one, or the group leaving shared memory.
   void checkWhileWaiting(int q, const StepWait& wait) const;
   int member(int q) const { return members_.empty() ? q : members_[q]; }
+
+  // Reserves this rank's four slots as far as op `sig` writes them (segment.h), before its first
+  // step writes there; a failure gives shared memory up from this op on.
+  void reserveSlots(const OpSignature& sig, const StepWait& wait);
 
   enum class Flag { kReady, kReduced, kConsumed };
   void waitAll(Flag flag, uint32_t target, const StepWait& wait, const char* what);
@@ -108,6 +114,7 @@ class SegmentGroup final : public Group {
   const std::vector<int> members_;
   std::shared_ptr<Segment> segment_;
   uint32_t epoch_ = 0;
+  size_t slotsReserved_ = 0;  // bytes of each of this rank's slots reserved so far
   OpSignature current_;  // the signature of the op this rank's steps are in
 };
 

@@ -68,6 +68,12 @@ int Connection::flushLocked(std::vector<std::shared_ptr<Request>>& done) {
     }
     size_t left;
     if (writeViaRing) {
+      size_t wanted = 0;
+      for (size_t i = 0; i < count; ++i) wanted += iov[i].iov_len;
+      if (std::string failed = ringOut.reserveFor(wanted); !failed.empty()) {
+        ringFailure = std::move(failed);
+        return ENOSPC;  // the connection fails as on a socket error, with ringFailure's words
+      }
       bool ringConsumer = false;
       left = ringOut.write(iov, count, ringConsumer);
       if (ringConsumer) ringDoorbellLocked();

@@ -64,6 +64,7 @@ struct Connection {
   std::exception_ptr sendClosed;  // set once the peer failed: later sends fail at once
   shm::Ring ringOut;
   bool writeViaRing = false;  // the move frame went out: later frames go through ringOut
+  std::string ringFailure;    // why ringOut could not reserve its pages (flushLocked's ENOSPC)
   bool doorbellOwed = false;  // a doorbell waits for this side's move (the socket still has frames)
 
   // Queues a frame and writes what it can at once; with sendMutex held. Returns 0 or an errno;

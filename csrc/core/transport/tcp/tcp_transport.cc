@@ -278,7 +278,12 @@ void TcpTransport::afterFlush(Connection& c, std::vector<std::shared_ptr<Request
   done.clear();
   finish(completions);  // inside input handling (a ring's space doorbell), after the lock is released
   if (err != 0) {
-    failPeer(c, remoteError(strCat(context_, " sending to peer ", c.rank, " failed: ", std::strerror(err))));
+    std::string why = std::strerror(err);
+    {
+      std::lock_guard<std::mutex> lock(c.sendMutex);
+      if (!c.ringFailure.empty()) why = c.ringFailure + " (its shared-memory ring)";
+    }
+    failPeer(c, remoteError(strCat(context_, " sending to peer ", c.rank, " failed: ", why)));
   }
 }
 
