@@ -122,29 +122,36 @@ std::optional<uint64_t> FlightRecorder::record(const std::shared_ptr<const Group
                                                const std::vector<at::Tensor>& inputs,
                                                const std::vector<at::Tensor>& outputs, int64_t timeoutMs) {
   if (!enabled()) return std::nullopt;
-  Entry e;
-  e.group = group;
+  const int64_t created = nowNs();
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The whole ring at once: growing it under this lock would move every entry while each group's
+  // threads wait for it. An entry is overwritten in place, its vectors' room reused: building
+  // one and moving it in cost a third of a record.
+  if (entries_.capacity() < capacity_) entries_.reserve(capacity_);
+  const uint64_t id = nextId_++;
+  const size_t slot = static_cast<size_t>(id % capacity_);
+  if (slot == entries_.size()) entries_.emplace_back();  // the first lap: ids come in order
+  Entry& e = entries_[slot];
+  e.id = id;
+  e.group = group.get();  // groups_ keeps every group alive (addGroup)
   e.collectiveSeq = collectiveSeq;
   e.p2pSeq = p2pSeq;
   e.title = title;
   e.p2pName = std::move(p2pName);
   e.isP2P = isP2P;
-  e.timeCreatedNs = nowNs();
+  e.timeCreatedNs = created;
   e.timeoutMs = timeoutMs;
+  e.timeStartedNs.reset();
+  e.timeCompletedNs.reset();
+  e.inputDims.clear();
+  e.inputSizes.clear();
+  e.inputDtypes.clear();
+  e.outputDims.clear();
+  e.outputSizes.clear();
+  e.outputDtypes.clear();
   describe(inputs, e.inputDims, e.inputSizes, e.inputDtypes);
   describe(outputs, e.outputDims, e.outputSizes, e.outputDtypes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  // The whole ring at once: growing it under this lock would move every entry while each group's
-  // threads wait for it.
-  if (entries_.capacity() < capacity_) entries_.reserve(capacity_);
-  e.id = nextId_++;
-  const size_t slot = static_cast<size_t>(e.id % capacity_);
-  if (slot < entries_.size()) {
-    entries_[slot] = std::move(e);
-  } else {
-    entries_.push_back(std::move(e));
-  }
-  return entries_[slot].id;
+  return id;
 }
 
 FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {

@@ -71,7 +71,7 @@ class FlightRecorder {
 
   struct Entry {
     uint64_t id = 0;
-    std::shared_ptr<const Group> group;
+    const Group* group = nullptr;  // one of groups_
     uint64_t collectiveSeq = 0;
     uint64_t p2pSeq = 0;
     const char* title = "";
