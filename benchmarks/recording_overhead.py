@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RANK_PROGRAM = """
 import os, sys, time, statistics, torch, torch.distributed as dist
 import pycomm
+assert os.path.dirname(os.path.dirname(os.path.abspath(pycomm.__file__))) == os.getcwd(), pycomm.__file__
 rank, ops, world = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 dist.init_process_group("pycomm", rank=rank, world_size=world)
 toggle = getattr(pycomm._C, "_flight_recorder_set_recording", None)
@@ -57,8 +58,10 @@ dist.destroy_process_group()
 def one_run(checkout: Path, env_extra: dict[str, str], ops: int, port: int, world: int) -> dict[str, float]:
     env = {**os.environ, **env_extra, "PYTHONPATH": str(checkout), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    # In the checkout: `python -c` puts the working directory ahead of PYTHONPATH.
     procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, str(r), str(ops), str(world)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in range(world)]
+                              cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for r in range(world)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for p in procs:
         if p.returncode != 0:

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RANK_PROGRAM = """
 import os, sys, time, torch, torch.distributed as dist
 import pycomm
+assert os.path.dirname(os.path.dirname(os.path.abspath(pycomm.__file__))) == os.getcwd(), pycomm.__file__
 rank, backend, transport, rounds = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 dist.init_process_group(backend, rank=rank, world_size=4)
 world = 4
@@ -48,8 +49,10 @@ dist.destroy_process_group()
 def run(checkout: Path, backend: str, transport: str, rounds: int, port: int) -> list[float]:
     env = {**os.environ, "PYTHONPATH": str(checkout), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    # In the checkout: `python -c` puts the working directory ahead of PYTHONPATH, so from anywhere
+    # else every case would import the pycomm found there.
     procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, str(r), backend, transport, str(rounds)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                              env=env, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
              for r in range(4)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     if any(p.returncode != 0 for p in procs):
