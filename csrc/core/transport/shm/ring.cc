@@ -26,8 +26,7 @@ std::string Ring::reserveFor(size_t bytes) {
   const uint64_t head = header_->head.load(std::memory_order_relaxed);
   const uint64_t reach = sizeof(Header) + std::min<uint64_t>(capacity_, head + bytes);
   if (reach <= reserved_) return {};
-  const size_t grains = (static_cast<size_t>(reach) + kReserveGrain - 1) / kReserveGrain;
-  const size_t wanted = std::min(total, std::max(grains * kReserveGrain, 2 * reserved_));
+  const size_t wanted = grownReservation(reserved_, static_cast<size_t>(reach), total);
   std::string failed = reservePages(reinterpret_cast<uint8_t*>(header_) + reserved_, wanted - reserved_);
   if (failed.empty()) reserved_ = wanted;
   return failed;

@@ -33,9 +33,8 @@ class Ring {
 
   bool valid() const { return header_ != nullptr; }
 
-  // What a ring reserves of its pages at a time (segment.h). Whoever lays a ring out reserves its
-  // first grain (header included) before anyone touches it: its consumer polls the header.
-  static constexpr size_t kReserveGrain = 64 * 1024;
+  // Whoever lays a ring out reserves its first kReserveGrain bytes (header included) before anyone
+  // touches it: its consumer polls the header (segment.h).
   // Producer, before write(): reserves the pages the next `bytes` reach, in the ring's first lap
   // (later laps reuse them). Empty when done, else why not (/dev/shm full).
   std::string reserveFor(size_t bytes);

@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -50,6 +51,11 @@ std::string reservePages(void* from, size_t bytes) {
   const int err = errno;
   return strCat("cannot reserve ", end - start, " B of shared memory: ", std::strerror(err),
                 err == EFAULT || err == ENOMEM ? " (is /dev/shm full?)" : "");
+}
+
+size_t grownReservation(size_t reserved, size_t reach, size_t limit) {
+  const size_t grains = (std::min(reach, limit) + kReserveGrain - 1) / kReserveGrain;
+  return std::min(limit, std::max(grains * kReserveGrain, 2 * reserved));
 }
 
 void Segment::unlinkName(const std::string& name) { ::shm_unlink(name.c_str()); }

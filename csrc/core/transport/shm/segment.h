@@ -23,6 +23,11 @@ namespace pycomm::transport::shm {
 std::string reservePages(void* from, size_t bytes);
 // Whether reservePages reserves anything here; if not, create() reserves a segment whole.
 bool reservesPartly();
+// How far a writer that has reserved `reserved` bytes of a region of `limit` reserves once it must
+// reach `reach`: whole 64 KiB grains, at least double what it has (so that a run of small writes
+// does not reserve page by page), at most the region.
+constexpr size_t kReserveGrain = 64 * 1024;
+size_t grownReservation(size_t reserved, size_t reach, size_t limit);
 
 class Segment {
  public:

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <new>
+#include <thread>
 
 #include "../../dtype.h"
-#include <thread>
 
 namespace pycomm::transport::shm {
 namespace {
@@ -73,7 +73,7 @@ SegmentGroup::SegmentGroup(int rank, int size, size_t slotBytes, size_t ringByte
     // ops first write them (reserveSlots). Reserving the rings whole here cost 8-13 ms of a 15-20
     // ms group setup at world 4 on two cores.
     for (int q = 0; q < size && why.empty(); ++q) {
-      if (q != rank) why = reservePages(ringBase(rank, q), std::min(Ring::bytesFor(ringBytes_), Ring::kReserveGrain));
+      if (q != rank) why = reservePages(ringBase(rank, q), std::min(Ring::bytesFor(ringBytes_), kReserveGrain));
     }
     if (!agree(why.empty(), why)) {
       throw SharedMemoryUnavailable(strCat("shared memory ", name, " is not mapped on every rank",
@@ -108,9 +108,7 @@ void SegmentGroup::reserveSlots(const OpSignature& sig, const StepWait& wait) {
   // A step writes at most a slot into each of this rank's slots. Plain all-reduces, all-gathers
   // and broadcasts write no more of them than the op's count (per rank) of elements; other
   // schedules lay their parts out across the slot (a reduce-scatter's j-th part at j/size of it,
-  // a codec's blocks), so they reserve it whole. Reserved in 64 KiB steps at least, so that a run
-  // of small ops does not reserve page by page.
-  constexpr size_t kGrain = 64 * 1024;
+  // a codec's blocks), so they reserve it whole.
   const bool byCount = sig.codec == 0 && sig.count > 0 &&
                        (sig.kind == OpKind::kAllreduce || sig.kind == OpKind::kAllgather || sig.kind == OpKind::kBroadcast);
   size_t need = slotBytes();
@@ -118,10 +116,10 @@ void SegmentGroup::reserveSlots(const OpSignature& sig, const StepWait& wait) {
     need = 0;
   } else if (byCount) {
     const size_t esize = std::max<size_t>(elementSize(static_cast<DataType>(sig.dtype)), 1);
-    need = sig.count > slotBytes() / esize ? slotBytes() : std::min(slotBytes(), (sig.count * esize + kGrain - 1) / kGrain * kGrain);
+    need = sig.count > slotBytes() / esize ? slotBytes() : sig.count * esize;
   }
   if (need <= slotsReserved_) return;
-  const size_t wanted = std::min(slotBytes(), std::max(need, 2 * slotsReserved_));
+  const size_t wanted = grownReservation(slotsReserved_, need, slotBytes());
   for (int slot = 0; slot < 4; ++slot) {
     uint8_t* base = slot < 2 ? input(rank(), slot) : result(rank(), slot);
     if (std::string failed = reservePages(base + slotsReserved_, wanted - slotsReserved_); !failed.empty()) {
