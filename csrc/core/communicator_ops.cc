@@ -267,19 +267,6 @@ void Communicator::allreduceCompressed(float* data, size_t count, codecs::Codec 
     return;
   }
   runCollective(signature, "compressed", [&](Op& o) {
-    if (size() == 1) {
-      // One rank still rounds the way the group would, so results do not depend on the world size.
-      std::vector<uint8_t> encoded(codecs::encodedBytes(codec, count));
-      if (residual != nullptr) {
-        std::vector<float> decoded(count);
-        algorithms::encodeWithFeedback(codec, data, residual, count, encoded.data(), decoded.data());
-        std::copy(decoded.begin(), decoded.end(), data);
-        return;
-      }
-      codecs::encode(codec, data, count, encoded.data());
-      codecs::decode(codec, encoded.data(), count, data);
-      return;
-    }
     algorithms::compressedAllreduce(o, data, count, codec, average, config_.chunkBytes, scratch_, residual);
   });
 }

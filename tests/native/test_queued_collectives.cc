@@ -158,9 +158,7 @@ class HostLink final : public QueuedLink {
                        float scale) override {
     std::vector<float> tmp(acc, acc + count);
     codecs::decodeAdd(codec, in, count, tmp.data());
-    if (scale != 1.0f) {
-      for (float& x : tmp) x *= scale;
-    }
+    if (scale != 1.0f) this->scale(tmp.data(), count, scale);
     codecs::encode(codec, tmp.data(), count, out);
   }
 
@@ -584,16 +582,11 @@ void checkPlannedAllreduce(int size) {
 
 int main() {
   for (int size = 1; size <= 7; ++size) {
-    checkAllreduce(size, Algorithm::kRing);
-    checkAllreduce(size, Algorithm::kTree);
-    checkAllreduce(size, Algorithm::kRhd);
-    checkReduceScatterAllgather(size);
-    checkBroadcast(size);
-    checkAlltoall(size);
-    checkStamps(size);
-    checkPlannedAllreduce(size);
-    checkCompressed(size);
-    checkCompressedScatterGather(size);
+    for (Algorithm algorithm : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) checkAllreduce(size, algorithm);
+    for (auto check : {checkReduceScatterAllgather, checkBroadcast, checkAlltoall, checkStamps, checkPlannedAllreduce,
+                       checkCompressed, checkCompressedScatterGather}) {
+      check(size);
+    }
   }
   return pycomm::testing::finish("test_queued_collectives");
 }

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "tree.h"
-
 namespace pycomm::algorithms {
 
 AllreducePlan planAllreduce(Algorithm requested, const CostModel* model, size_t nbytes, int size, DataType dtype,
@@ -13,15 +11,6 @@ AllreducePlan planAllreduce(Algorithm requested, const CostModel* model, size_t 
     algorithm = model != nullptr ? chooseAllreduce(*model, nbytes, size) : Algorithm::kRing;
   }
   return {algorithm, std::max<size_t>(1, chunkBytes / elementSize(dtype))};
-}
-
-size_t TreeOn<OpSteps>::scratchBytes(size_t count, size_t chunkElems, DataType dtype) {
-  return treeScratchBytes(count, chunkElems, dtype);
-}
-
-void TreeOn<OpSteps>::run(OpSteps& x, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
-                          size_t chunkElems) {
-  treeAllreduce(x.op(), data, scratch, count, dtype, op, chunkElems);
 }
 
 }  // namespace pycomm::algorithms

@@ -20,6 +20,7 @@
 #include "queued_steps.h"
 #include "rhd_schedule.h"
 #include "ring_schedule.h"
+#include "tree_schedule.h"
 
 namespace pycomm::algorithms {
 
@@ -39,28 +40,11 @@ inline bool rhdHalvingFor(size_t count, DataType dtype) {
   return count * elementSize(dtype) >= kRhdHalvingThreshold;
 }
 
-// The tree is not yet written against the step interface: each executor runs its own schedule
-// (tree.h on the CPU, queued_collectives.h on a link), behind this one face.
-template <class Steps>
-struct TreeOn;
-template <>
-struct TreeOn<OpSteps> {
-  static size_t scratchBytes(size_t count, size_t chunkElems, DataType dtype);
-  static void run(OpSteps& x, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
-                  size_t chunkElems);
-};
-template <>
-struct TreeOn<QueuedSteps> {
-  static size_t scratchBytes(size_t count, size_t chunkElems, DataType dtype);
-  static void run(QueuedSteps& x, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
-                  size_t chunkElems);
-};
-
 // Scratch bytes runAllreduce needs for `count` elements over `size` ranks.
 template <class Steps>
 size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, DataType dtype) {
   switch (plan.algorithm) {
-    case Algorithm::kTree: return TreeOn<Steps>::scratchBytes(count, plan.chunkElems, dtype);
+    case Algorithm::kTree: return treeScratchFor<Steps>(count, plan.chunkElems, dtype);
     case Algorithm::kRhd: return rhdScratchFor(count, dtype);
     // Segments(count, size)'s longest, without building it (no allocation on the small-message path).
     default: return ringScratchFor<Steps>(size > 0 ? (count + size - 1) / size : count, plan.chunkElems, dtype);
@@ -74,7 +58,7 @@ void runAllreduce(Steps& x, const AllreducePlan& plan, uint8_t* data, uint8_t* s
   if (x.size() == 1) return;
   switch (plan.algorithm) {
     case Algorithm::kTree:
-      TreeOn<Steps>::run(x, data, scratch, count, dtype, op, plan.chunkElems);
+      treeAllreduceSchedule(x, data, scratch, count, dtype, op, plan.chunkElems);
       break;
     case Algorithm::kRhd:
       rhdAllreduceSchedule(x, data, scratch, count, dtype, op, rhdHalvingFor(count, dtype));

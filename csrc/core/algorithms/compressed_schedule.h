@@ -1,7 +1,14 @@
-// The compressed reduce-scatter and all-gather of compressed.h, written once against the step
-// interface (steps.h): the CPU runs them through compressed.h, a stream-ordered link through
-// queued_collectives.h. (The compressed all-reduce is still written twice: the CPU one pipelines
-// pieces in software and feeds errors back, the queued one runs piece after piece.)
+// The compressed collectives of compressed.h, written once against the step interface (steps.h):
+// the CPU runs them through compressed.h, a stream-ordered link through queued_collectives.h.
+//
+// All-reduce: piece by piece (compressedPieces), each rank encodes the piece's p segments (with
+// error feedback where a residual is given), an all-to-all hands each rank every encoding of its
+// segment, which it decodes and sums in fp32 in rank order (its own first), scales if averaging and
+// encodes once (fused with the last addition), and an all-gather of the encoded sums follows, which
+// every rank decodes, its own too. On the CPU, which matches transfers by slot, every receive is
+// posted up front, each piece has its own scratch, and the pieces go through a software pipeline:
+// while piece k's encodings travel, piece k-1 is reduced and piece k-2 decoded. A link runs piece
+// after piece, reusing one scratch place. At world 1 each piece is rounded once, as a group would.
 //
 // Reduce-scatter: every rank encodes its p blocks once, an all-to-all (alltoall_schedule.h) hands
 // each rank every rank's encoding of its block, which it decodes and sums in fp32 in rank order
@@ -15,6 +22,7 @@
 
 #include "../codecs/block_codec.h"
 #include "alltoall_schedule.h"
+#include "compressed.h"
 #include "op.h"
 #include "ring_schedule.h"
 #include "steps.h"
@@ -70,6 +78,146 @@ void compressedAllgatherSchedule(Steps& x, const float* in, float* out, uint8_t*
   ringAllgatherSchedule(x, scratch, blocks, 1,
                         Steps::kPipelinesChunks ? chunkBytes : ringChunkFor<Steps>(blocks, chunkBytes));
   for (int i = 0; i < p; ++i) x.decode(codec, scratch + i * each, count, out + i * count);
+}
+
+// Where a compressed all-reduce keeps each piece's bytes: encoded inputs and gathered sums (each
+// `encoded` bytes), every rank's encoding of this rank's segment (`received`), and an fp32
+// accumulator, which with error feedback also takes the decoded copy of any segment this rank
+// encodes. `separate`: each piece its own place (pieces in flight together), else one place reused.
+struct CompressedAllreduceScratch {
+  std::vector<size_t> encodedAt, receivedAt;  // per piece
+  size_t encoded = 0, received = 0, accElems = 0;
+
+  CompressedAllreduceScratch(const std::vector<CompressedPiece>& pieces, int p, int r, bool separate, bool feedback) {
+    for (const auto& piece : pieces) {
+      const size_t pieceEncoded = piece.layout.offset(p);
+      const size_t pieceReceived = p * piece.layout.length(r);
+      encodedAt.push_back(separate ? encoded : 0);
+      receivedAt.push_back(separate ? received : 0);
+      encoded = separate ? encoded + pieceEncoded : std::max(encoded, pieceEncoded);
+      received = separate ? received + pieceReceived : std::max(received, pieceReceived);
+      accElems = std::max(accElems, feedback ? piece.segments.maxLength() : piece.segments.length(r));
+    }
+  }
+  size_t bytes() const {
+    return 2 * compressedAlignUp(encoded) + compressedAlignUp(received) + compressedAlignUp(accElems * sizeof(float)) + 64;
+  }
+};
+
+template <class Steps>
+CompressedAllreduceScratch compressedAllreduceScratchFor(const std::vector<CompressedPiece>& pieces, int size, int rank,
+                                                         bool feedback) {
+  return CompressedAllreduceScratch(pieces, size, rank, Steps::kTaggedTransfers, feedback);
+}
+
+// The pieces (every rank passes the same) need not cover `data`: their begins are relative to
+// `data` and to `residual` (nullptr: no error feedback). `average`: sums times `factor` before their
+// encoding. `stages` run around each piece (compressed.h). `scratch`: compressedAllreduceScratchFor's.
+template <class Steps>
+void compressedAllreduceSchedule(Steps& x, float* data, const std::vector<CompressedPiece>& pieces,
+                                 codecs::Codec codec, bool average, float factor, uint8_t* scratch, float* residual,
+                                 const PieceStages& stages = {}) {
+  using Handle = typename Steps::Handle;
+  constexpr bool kEarly = Steps::kTaggedTransfers;
+  const int p = x.size();
+  const int r = x.rank();
+  const CompressedAllreduceScratch place = compressedAllreduceScratchFor<Steps>(pieces, p, r, residual != nullptr);
+  uint8_t* encoded = scratch;
+  // At world 1 the gathered sums are this rank's own encodings, decoded in place: one rounding.
+  uint8_t* gathered = p == 1 ? encoded : encoded + compressedAlignUp(place.encoded);
+  uint8_t* received = gathered + compressedAlignUp(place.encoded);
+  auto* acc = reinterpret_cast<float*>(received + compressedAlignUp(place.received));
+  // Two slots per piece: its all-to-all of encoded inputs, then its all-gather of encoded sums.
+  auto exchangeSlot = [](size_t k) { return static_cast<uint32_t>(2 * k); };
+  auto gatherSlot = [](size_t k) { return static_cast<uint32_t>(2 * k + 1); };
+  std::vector<std::vector<Handle>> exchangeRecvs(pieces.size()), gatherRecvs(pieces.size());
+  auto postExchange = [&](size_t k) {
+    const size_t mine = pieces[k].layout.length(r);
+    for (int i = 1; i < p; ++i) {
+      const int peer = (r - i + p) % p;
+      exchangeRecvs[k].push_back(x.recv(peer, exchangeSlot(k), received + place.receivedAt[k] + peer * mine, mine));
+    }
+  };
+  auto postGather = [&](size_t k) {
+    const Segments& layout = pieces[k].layout;
+    for (int i = 1; i < p; ++i) {
+      const int peer = (r - i + p) % p;
+      gatherRecvs[k].push_back(
+          x.recv(peer, gatherSlot(k), gathered + place.encodedAt[k] + layout.offset(peer), layout.length(peer)));
+    }
+  };
+  // Encodes each segment of piece k once (the first rounding) and hands segment q to rank q,
+  // starting with the next rank, so that not every rank sends to rank 0 first.
+  auto encodeAndExchange = [&](size_t k) {
+    if (stages.before) stages.before(k);
+    const CompressedPiece& piece = pieces[k];
+    uint8_t* out = encoded + place.encodedAt[k];
+    for (int i = 0; i < p; ++i) {
+      float* at = data + piece.begin + piece.segments.offset(i);
+      if (residual != nullptr) {
+        // data's copy of the piece is free now: what comes back overwrites it.
+        x.encodeWithFeedback(codec, at, residual + (at - data), piece.segments.length(i), out + piece.layout.offset(i), acc);
+      } else {
+        x.encode(codec, at, piece.segments.length(i), out + piece.layout.offset(i));
+      }
+    }
+    if (!kEarly) postExchange(k);
+    for (int i = 1; i < p; ++i) {
+      const int peer = (r + i) % p;
+      x.send(peer, exchangeSlot(k), out + piece.layout.offset(peer), piece.layout.length(peer));
+    }
+    x.step();
+  };
+  // Sums this rank's segment in fp32, own contribution first and then the others in rank order,
+  // encodes the sum once (the second rounding) and sends it to everyone.
+  auto reduceAndGather = [&](size_t k) {
+    const CompressedPiece& piece = pieces[k];
+    for (const auto& h : exchangeRecvs[k]) x.arrived(h);
+    const size_t n = piece.segments.length(r);
+    const size_t mine = piece.layout.length(r);
+    const uint8_t* from = received + place.receivedAt[k];
+    x.decode(codec, encoded + place.encodedAt[k] + piece.layout.offset(r), n, acc);
+    const int last = r == p - 1 ? p - 2 : p - 1;
+    for (int q = 0; q < last; ++q) {
+      if (q != r) x.decodeAdd(codec, from + q * mine, n, acc);
+    }
+    uint8_t* sum = gathered + place.encodedAt[k] + piece.layout.offset(r);
+    x.decodeAddEncode(codec, from + last * mine, acc, n, sum, average ? factor : 1.0f);
+    if (!kEarly) postGather(k);
+    for (int i = 1; i < p; ++i) x.send((r + i) % p, gatherSlot(k), sum, mine);
+    x.step();
+  };
+  auto decodeGathered = [&](size_t k) {
+    const CompressedPiece& piece = pieces[k];
+    for (const auto& h : gatherRecvs[k]) x.arrived(h);
+    for (int i = 0; i < p; ++i) {
+      x.decode(codec, gathered + place.encodedAt[k] + piece.layout.offset(i), piece.segments.length(i),
+               data + piece.begin + piece.segments.offset(i));
+    }
+    if (stages.after) stages.after(k);
+  };
+
+  x.phase("compressed all-reduce");
+  const size_t count = pieces.size();
+  if (p == 1) {
+    for (size_t k = 0; k < count; ++k) {
+      encodeAndExchange(k);
+      decodeGathered(k);
+    }
+    return;
+  }
+  for (size_t k = 0; kEarly && k < count; ++k) {
+    postExchange(k);
+    postGather(k);
+  }
+  // On the CPU a software pipeline; on a link piece after piece.
+  const size_t lag = kEarly ? 1 : 0;
+  for (size_t k = 0; k < count + 2 * lag; ++k) {
+    if (k < count) encodeAndExchange(k);
+    if (k >= lag && k - lag < count) reduceAndGather(k - lag);
+    if (k >= 2 * lag) decodeGathered(k - 2 * lag);
+  }
+  x.drain();
 }
 
 }  // namespace pycomm::algorithms

@@ -10,6 +10,7 @@
 
 #include "../codecs/block_codec.h"
 #include "../codecs/reduce.h"
+#include "compressed.h"
 #include "op.h"
 #include "steps.h"
 
@@ -21,6 +22,8 @@ class OpSteps {
   // Two steps' receives in flight: step s+1's chunks land while step s is reduced.
   static constexpr size_t kReceiveAhead = 2;
   static constexpr bool kPipelinesChunks = true;
+  // Transfers match by (peer, slot): a receive may be posted any number of steps early.
+  static constexpr bool kTaggedTransfers = true;
 
   explicit OpSteps(Op& op) : op_(op) {}
 
@@ -49,6 +52,15 @@ class OpSteps {
   }
   void scale(float* data, size_t count, float factor) {
     for (size_t i = 0; i < count; ++i) data[i] *= factor;
+  }
+  void decodeAddEncode(codecs::Codec codec, const uint8_t* in, float* acc, size_t count, uint8_t* out, float factor) {
+    codecs::decodeAdd(codec, in, count, acc);
+    if (factor != 1.0f) scale(acc, count, factor);
+    codecs::encode(codec, acc, count, out);
+  }
+  void encodeWithFeedback(codecs::Codec codec, float* data, float* residual, size_t count, uint8_t* out,
+                          float* decoded) {
+    algorithms::encodeWithFeedback(codec, data, residual, count, out, decoded);
   }
 
  private:

@@ -1,6 +1,5 @@
 #include "queued_collectives.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -13,46 +12,9 @@
 #include "queued_steps.h"
 #include "rhd_schedule.h"
 #include "ring_schedule.h"
-#include "tree.h"
+#include "tree_schedule.h"
 
 namespace pycomm::algorithms::queued {
-namespace {
-
-using Kind = QueuedTransfer::Kind;
-
-size_t alignUp(size_t n) { return (n + 63) & ~size_t{63}; }
-
-// Where in `area` (15 bytes to spare) to receive elements that will be reduced into `target`: at the
-// same address modulo 16, since the reduce kernels use 16-byte vector accesses only when dst and
-// src share it. Element alignment follows, as 16 is a multiple of every element size.
-uint8_t* alignedLike(uint8_t* area, const uint8_t* target) {
-  return area + ((reinterpret_cast<uintptr_t>(target) - reinterpret_cast<uintptr_t>(area)) & 15);
-}
-
-// Bytes of one receive area of the tree: a chunk, rounded up and with room for alignedLike().
-size_t treeAreaBytes(size_t count, size_t chunkElems, size_t esize) {
-  return ((std::max<size_t>(1, std::min(chunkElems, (count + 1) / 2)) * esize + 15) & ~size_t{15}) + 16;
-}
-
-// Every rank's hops to the root of tree t of the double binary tree over `size` ranks: each parent
-// chain is walked once (O(size) per op, not O(size log size) per rank).
-std::vector<int> treeDepths(int size, int tree) {
-  std::vector<int> depth(size, -1);
-  std::vector<int> path;
-  for (int q = 0; q < size; ++q) {
-    int at = q;
-    while (at >= 0 && depth[at] < 0) {
-      path.push_back(at);
-      at = doubleTreeNode(at, size, tree).parent;
-    }
-    int d = at < 0 ? -1 : depth[at];
-    for (; !path.empty(); path.pop_back()) depth[path.back()] = ++d;
-  }
-  return depth;
-}
-
-}  // namespace
-
 size_t ringScratchBytes(const Segments& segments, DataType dtype) {
   return ringScratchFor<QueuedSteps>(segments, 0, dtype);
 }
@@ -92,91 +54,15 @@ void directAlltoall(QueuedLink& link, const uint8_t* in, const std::vector<size_
 }
 
 size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype) {
-  // One chunk per child per tree: a chunk is reduced before the next group can receive over it.
-  return 4 * treeAreaBytes(count, chunkElems, elementSize(dtype));
+  return treeScratchFor<QueuedSteps>(count, chunkElems, dtype);
 }
 
 void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
                    size_t chunkElems) {
-  const int p = link.size();
-  if (p == 1 || count == 0) return;
+  if (link.size() == 1 || count == 0) return;
   PYCOMM_CHECK(chunkElems > 0, InvalidUsageError, "tree all-reduce: chunk of 0 elements");
-  const int r = link.rank();
-  const size_t esize = elementSize(dtype);
-  const size_t halves[2] = {(count + 1) / 2, count / 2};
-  const size_t base[2] = {0, (count + 1) / 2};
-  const size_t chunks = std::max<size_t>(1, (halves[0] + chunkElems - 1) / chunkElems);
-  const size_t areaBytes = treeAreaBytes(count, chunkElems, esize);
-  const TreeNode nodes[2] = {doubleTreeNode(r, p, 0), doubleTreeNode(r, p, 1)};
-  int depth[2], height[2];  // this rank's depth; the deepest rank's
-  for (int t = 0; t < 2; ++t) {
-    const std::vector<int> depths = treeDepths(p, t);
-    depth[t] = depths[r];
-    height[t] = *std::max_element(depths.begin(), depths.end());
-  }
-  auto chunkAt = [&](int t, size_t c) { return data + (base[t] + std::min(halves[t], c * chunkElems)) * esize; };
-  auto chunkLength = [&](int t, size_t c) {
-    const size_t begin = std::min(halves[t], c * chunkElems);
-    return std::min(halves[t], begin + chunkElems) - begin;
-  };
-  auto tmp = [&](int t, int k, size_t c) { return alignedLike(scratch + (t * 2 + k) * areaBytes, chunkAt(t, c)); };
-  // Step s of a phase moves chunk c between depth d and d+1 of tree t when s = (height - d - 1) + c
-  // going up and s = d + c going down: every pair posts a transfer at the same step on both sides,
-  // and while one level works on chunk c the level below already moves chunk c+1.
-  const size_t steps = static_cast<size_t>(std::max(height[0], height[1])) + chunks - 1;
-  auto chunkOfStep = [&](size_t s, long offset) {
-    const long c = static_cast<long>(s) - offset;
-    return c >= 0 && static_cast<size_t>(c) < chunks ? c : -1L;
-  };
-
-  for (size_t s = 0; s < steps; ++s) {
-    std::vector<QueuedTransfer> group;
-    long received[2] = {-1, -1};
-    for (int t = 0; t < 2; ++t) {
-      const long in = chunkOfStep(s, height[t] - depth[t] - 1);
-      if (in >= 0) {
-        for (int k = 0; k < 2; ++k) {
-          if (nodes[t].children[k] >= 0) {
-            group.push_back({Kind::kRecv, nodes[t].children[k], tmp(t, k, in), chunkLength(t, in) * esize});
-            received[t] = in;
-          }
-        }
-      }
-      const long out = chunkOfStep(s, height[t] - depth[t]);
-      if (out >= 0 && nodes[t].parent >= 0) {
-        group.push_back({Kind::kSend, nodes[t].parent, chunkAt(t, out), chunkLength(t, out) * esize});
-      }
-    }
-    if (!group.empty()) link.post(group, "tree all-reduce (up)");
-    for (int t = 0; t < 2; ++t) {
-      if (received[t] < 0) continue;
-      for (int k = 0; k < 2; ++k) {
-        if (nodes[t].children[k] < 0) continue;
-        const size_t c = static_cast<size_t>(received[t]);
-        link.reduce(chunkAt(t, c), tmp(t, k, c), chunkLength(t, c), dtype, op);
-      }
-    }
-  }
-  // Down: the roots hold the result; each level receives chunk c from its parent at step d-1+c, in
-  // place, and forwards it at step d+c.
-  for (size_t s = 0; s < steps; ++s) {
-    std::vector<QueuedTransfer> group;
-    for (int t = 0; t < 2; ++t) {
-      const long in = chunkOfStep(s, depth[t] - 1);
-      if (in >= 0 && nodes[t].parent >= 0) {
-        group.push_back({Kind::kRecv, nodes[t].parent, chunkAt(t, in), chunkLength(t, in) * esize});
-      }
-      const long out = chunkOfStep(s, depth[t]);
-      if (out >= 0) {
-        for (int k = 0; k < 2; ++k) {
-          if (nodes[t].children[k] >= 0) {
-            group.push_back({Kind::kSend, nodes[t].children[k], chunkAt(t, out), chunkLength(t, out) * esize});
-          }
-        }
-      }
-    }
-    if (!group.empty()) link.post(group, "tree all-reduce (down)");
-  }
+  QueuedSteps steps(link, "tree all-reduce");
+  treeAllreduceSchedule(steps, data, scratch, count, dtype, op, chunkElems);
 }
 
 size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, DataType dtype) {
@@ -199,83 +85,16 @@ void chainBroadcast(QueuedLink& link, uint8_t* data, size_t bytes, int root, siz
   chainBroadcastSchedule(steps, data, bytes, root, chunkBytes);
 }
 
-namespace {
-
-// The scratch areas of a compressed all-reduce, each sized for the largest piece (pieces run one
-// after another on the link, so each reuses them): encoded inputs, gathered sums, this rank's
-// segment from every rank, and its fp32 sum.
-struct CompressedAreas {
-  size_t encoded = 0;   // bytes, also the size of the gathered area
-  size_t received = 0;  // bytes
-  size_t accElems = 0;  // floats
-
-  CompressedAreas(const std::vector<CompressedPiece>& pieces, int size, int rank) {
-    for (const auto& piece : pieces) {
-      encoded = std::max(encoded, piece.layout.offset(size));
-      received = std::max(received, size * piece.layout.length(rank));
-      accElems = std::max(accElems, piece.segments.length(rank));
-    }
-  }
-  size_t bytes() const { return 2 * alignUp(encoded) + alignUp(received) + alignUp(accElems * sizeof(float)); }
-};
-
-}  // namespace
-
 size_t compressedScratchBytes(size_t count, int size, int rank, codecs::Codec codec, size_t chunkBytes) {
-  if (size == 1) return alignUp(codecs::encodedBytes(codec, count));
-  return CompressedAreas(compressedPieces(count, size, codec, chunkBytes), size, rank).bytes();
+  return compressedAllreduceScratchFor<QueuedSteps>(compressedPieces(count, size, codec, chunkBytes), size, rank, false)
+      .bytes();
 }
 
 void compressedAllreduce(QueuedLink& link, float* data, uint8_t* scratch, size_t count, codecs::Codec codec,
                          bool average, size_t chunkBytes) {
-  const int p = link.size();
-  const int r = link.rank();
-  if (p == 1) {
-    // One rounding, as the CPU path rounds at world 1.
-    link.encode(codec, data, count, scratch);
-    link.decode(codec, scratch, count, data);
-    return;
-  }
-  const auto pieces = compressedPieces(count, p, codec, chunkBytes);
-  const CompressedAreas areas(pieces, p, r);
-  uint8_t* encoded = scratch;
-  uint8_t* gathered = encoded + alignUp(areas.encoded);
-  uint8_t* received = gathered + alignUp(areas.encoded);
-  auto* acc = reinterpret_cast<float*>(received + alignUp(areas.received));
-  std::vector<int> others;  // the order of addition after this rank's own part
-  for (int q = 0; q < p; ++q) {
-    if (q != r) others.push_back(q);
-  }
-  const float scale = average ? 1.0f / static_cast<float>(p) : 1.0f;
-
-  for (const auto& piece : pieces) {
-    const size_t n = piece.segments.length(r);
-    const size_t mine = piece.layout.length(r);
-    for (int i = 0; i < p; ++i) {
-      link.encode(codec, data + piece.begin + piece.segments.offset(i), piece.segments.length(i),
-                  encoded + piece.layout.offset(i));
-    }
-    std::vector<QueuedTransfer> exchange;
-    for (int q : others) {
-      exchange.push_back({Kind::kSend, q, encoded + piece.layout.offset(q), piece.layout.length(q)});
-      exchange.push_back({Kind::kRecv, q, received + q * mine, mine});
-    }
-    link.post(exchange, "compressed all-reduce (all-to-all)");
-    link.decode(codec, encoded + piece.layout.offset(r), n, acc);
-    for (size_t i = 0; i + 1 < others.size(); ++i) link.decodeAdd(codec, received + others[i] * mine, n, acc);
-    uint8_t* sum = gathered + piece.layout.offset(r);
-    link.decodeAddEncode(codec, received + others.back() * mine, acc, n, sum, scale);
-    std::vector<QueuedTransfer> gather;
-    for (int q : others) {
-      gather.push_back({Kind::kSend, q, sum, mine});
-      gather.push_back({Kind::kRecv, q, gathered + piece.layout.offset(q), piece.layout.length(q)});
-    }
-    link.post(gather, "compressed all-reduce (all-gather)");
-    for (int i = 0; i < p; ++i) {
-      link.decode(codec, gathered + piece.layout.offset(i), piece.segments.length(i),
-                  data + piece.begin + piece.segments.offset(i));
-    }
-  }
+  QueuedSteps steps(link, "compressed all-reduce");
+  compressedAllreduceSchedule(steps, data, compressedPieces(count, link.size(), codec, chunkBytes), codec, average,
+                              1.0f / static_cast<float>(link.size()), scratch, nullptr);
 }
 
 size_t compressedReduceScatterScratchBytes(size_t count, int size, codecs::Codec codec) {
@@ -299,16 +118,3 @@ void compressedAllgather(QueuedLink& link, const float* in, float* out, uint8_t*
 }
 
 }  // namespace pycomm::algorithms::queued
-
-namespace pycomm::algorithms {
-
-size_t TreeOn<QueuedSteps>::scratchBytes(size_t count, size_t chunkElems, DataType dtype) {
-  return queued::treeScratchBytes(count, chunkElems, dtype);
-}
-
-void TreeOn<QueuedSteps>::run(QueuedSteps& x, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype,
-                              ReduceOp op, size_t chunkElems) {
-  queued::treeAllreduce(x.link(), data, scratch, count, dtype, op, chunkElems);
-}
-
-}  // namespace pycomm::algorithms

@@ -1,11 +1,9 @@
 // pycomm's collectives over a stream-ordered link (queued_link.h): what runs on GPUs over NCCL's
-// point-to-point. The ring, rhd, chain broadcast, direct all-to-all and the compressed
-// reduce-scatter and all-gather are the CPU's own schedules (ring_schedule.h, rhd_schedule.h,
-// chain_schedule.h, alltoall_schedule.h, compressed_schedule.h) run by the queued executor
-// (queued_steps.h); the tree and the compressed all-reduce are still written here, for the link
-// only, mirroring the CPU ones (tree.h, compressed.h) element for element: the same
-// segments, the same pieces, the same order of reduction. With kernels that match the CPU's bits,
-// a queued all-reduce gives the bits the CPU algorithm of the same name gives.
+// point-to-point. Every one is the CPU's own schedule (ring_schedule.h, tree_schedule.h,
+// rhd_schedule.h, chain_schedule.h, alltoall_schedule.h, compressed_schedule.h) run by the queued
+// executor (queued_steps.h): the same segments, the same pieces, the same order of reduction. With
+// kernels that match the CPU's bits, a queued all-reduce gives the bits the CPU algorithm of the
+// same name gives.
 //
 // Everything is posted to the link; nothing waits on the host. Every rank posts the same sequence
 // of steps, and a step's group pairs only with the same step's groups on other ranks, so the
@@ -47,8 +45,8 @@ void allreduce(QueuedLink& link, const AllreducePlan& plan, uint8_t* data, uint8
                DataType dtype, ReduceOp op);
 
 size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype);
-// The double binary tree of tree.h: each half reduced up its tree in chunks of chunkElems and sent
-// back down.
+// The double binary tree (tree_schedule.h): each half reduced up its tree in chunks of chunkElems
+// and sent back down.
 void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
                    size_t chunkElems);
 
@@ -73,9 +71,8 @@ void directAlltoall(QueuedLink& link, const uint8_t* in, const std::vector<size_
 void chainBroadcast(QueuedLink& link, uint8_t* data, size_t bytes, int root, size_t chunkBytes);
 
 size_t compressedScratchBytes(size_t count, int size, int rank, codecs::Codec codec, size_t chunkBytes);
-// compressed.h's all-reduce (two roundings at any world size; one at world 1), piece by piece: encode
-// the piece's segments, all-to-all them, sum this rank's segment in fp32 in rank order, encode it
-// (fused with the last addition), all-gather the encoded sums, decode.
+// compressed.h's all-reduce (two roundings at any world size; one at world 1), piece by piece:
+// compressed_schedule.h's, without error feedback.
 void compressedAllreduce(QueuedLink& link, float* data, uint8_t* scratch, size_t count, codecs::Codec codec,
                          bool average, size_t chunkBytes);
 

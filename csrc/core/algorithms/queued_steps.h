@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../error.h"
 #include "queued_link.h"
 #include "steps.h"
 
@@ -34,6 +35,8 @@ class QueuedSteps {
   static constexpr size_t kReceiveAhead = 1;
   // Groups and kernels run one after another on the link: chunks would not overlap.
   static constexpr bool kPipelinesChunks = false;
+  // The link pairs transfers by order: a receive is posted in the step it pairs in.
+  static constexpr bool kTaggedTransfers = false;
 
   QueuedSteps(QueuedLink& link, const char* what) : link_(link), what_(what) {
     open_.reserve(2 * static_cast<size_t>(link.size()));
@@ -88,6 +91,14 @@ class QueuedSteps {
   void scale(float* data, size_t count, float factor) {
     post();
     link_.scale(data, count, factor);
+  }
+  void decodeAddEncode(codecs::Codec codec, const uint8_t* in, float* acc, size_t count, uint8_t* out, float factor) {
+    post();
+    link_.decodeAddEncode(codec, in, acc, count, out, factor);
+  }
+  // Error feedback keeps its residuals on the CPU (the DDP hooks' CUDA path keeps them in Python).
+  void encodeWithFeedback(codecs::Codec, float*, float*, size_t, uint8_t*, float*) {
+    PYCOMM_CHECK(false, InvalidUsageError, what_, ": error feedback is not available on a stream-ordered link");
   }
 
  private:

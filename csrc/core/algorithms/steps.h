@@ -21,10 +21,17 @@
 //   x.copy(dst, src, bytes)
 //   x.encode(codec, in, count, out), x.decode(codec, in, count, out), x.decodeAdd(codec, in, count, acc),
 //   x.scale(data, count, factor)            the codecs of codecs/block_codec.h, and data[i] *= factor
+//   x.decodeAddEncode(codec, in, acc, count, out, factor)
+//                                           out = encode((acc + decode(in)) * factor); acc is scratch after
+//   x.encodeWithFeedback(codec, data, residual, count, out, decoded)
+//                                           compressed.h's error feedback: data += residual, out =
+//                                           encode(data), decoded = decode(out), residual = data - decoded
 //   Steps::kReceiveAhead  how many steps ahead a receive may be posted into a scratch area: a
 //                         schedule cycles through that many areas per chunk
 //   Steps::kPipelinesChunks  whether cutting a stretch into chunks buys overlap (else a schedule
 //                            moves each stretch whole)
+//   Steps::kTaggedTransfers  whether transfers match by (peer, slot), so that a schedule may post
+//                            every receive up front (else each goes out in the step it pairs in)
 //
 // The schedule states dataflow (what each step reads and writes, and when a buffer is needed);
 // each executor turns it into its own kind of progress:

@@ -1,10 +1,5 @@
 #include "tree.h"
 
-#include <algorithm>
-#include <vector>
-
-#include "../codecs/reduce.h"
-
 namespace pycomm::algorithms {
 namespace {
 
@@ -45,86 +40,12 @@ TreeNode doubleTreeNode(int rank, int size, int tree) {
   return node;
 }
 
-size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype) {
-  // One receive area per child per chunk of the larger half.
-  const size_t half = (count + 1) / 2;
-  chunkElems = chunkWithin(chunkElems, half);
-  const size_t chunks = std::max<size_t>(1, (half + chunkElems - 1) / chunkElems);
-  return 2 * 2 * chunks * chunkElems * elementSize(dtype);
+int treeDepth(int rank, int size, int tree) {
+  int depth = 0;
+  for (int at = doubleTreeNode(rank, size, tree).parent; at >= 0; at = doubleTreeNode(at, size, tree).parent) ++depth;
+  return depth;
 }
 
-void treeAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype,
-                   ReduceOp reduceOp, size_t chunkElems) {
-  const int p = op.size();
-  if (p == 1) return;
-  const size_t esize = elementSize(dtype);
-  const size_t halves[2] = {(count + 1) / 2, count / 2};
-  const size_t base[2] = {0, (count + 1) / 2};
-  chunkElems = chunkWithin(chunkElems, halves[0]);
-  const size_t chunks = std::max<size_t>(1, (halves[0] + chunkElems - 1) / chunkElems);
-  TreeNode nodes[2] = {doubleTreeNode(op.rank(), p, 0), doubleTreeNode(op.rank(), p, 1)};
-  auto chunk = [&](int t, size_t c) {
-    const size_t begin = std::min(halves[t], c * chunkElems);
-    const size_t end = std::min(halves[t], begin + chunkElems);
-    return std::make_pair(base[t] + begin, end - begin);
-  };
-  auto tmp = [&](int t, int child, size_t c) {
-    return scratch + (((t * 2 + child) * chunks) + c) * chunkElems * esize;
-  };
-  // Slots: tree t, phase 0 (up) or 1 (down), chunk c.
-  auto slot = [&](int t, int phase, size_t c) { return static_cast<uint32_t>((t * 2 + phase) * chunks + c); };
-
-  // Post every receive first: children's partial sums into scratch, the parent's result in place
-  // (safe: the result can only arrive after this rank's partial sum went up).
-  std::vector<std::shared_ptr<Request>> up[2][2], down[2];
-  for (int t = 0; t < 2; ++t) {
-    for (int k = 0; k < 2; ++k) {
-      const int child = nodes[t].children[k];
-      if (child < 0) continue;
-      for (size_t c = 0; c < chunks; ++c) {
-        up[t][k].push_back(op.recv(child, slot(t, 0, c), tmp(t, k, c), chunk(t, c).second * esize));
-      }
-    }
-    if (nodes[t].parent >= 0) {
-      for (size_t c = 0; c < chunks; ++c) {
-        auto [offset, length] = chunk(t, c);
-        down[t].push_back(op.recv(nodes[t].parent, slot(t, 1, c), data + offset * esize, length * esize));
-      }
-    }
-  }
-  // Up: reduce the children's chunks into ours and pass them on; a root starts the way down.
-  for (size_t c = 0; c < chunks; ++c) {
-    for (int t = 0; t < 2; ++t) {
-      auto [offset, length] = chunk(t, c);
-      uint8_t* mine = data + offset * esize;
-      for (int k = 0; k < 2; ++k) {
-        if (nodes[t].children[k] < 0) continue;
-        op.wait(up[t][k][c]);
-        codecs::reduceInto(mine, tmp(t, k, c), length, dtype, reduceOp);
-      }
-      if (nodes[t].parent >= 0) {
-        op.send(nodes[t].parent, slot(t, 0, c), mine, length * esize);
-      } else {
-        for (int k = 0; k < 2; ++k) {
-          if (nodes[t].children[k] >= 0) op.send(nodes[t].children[k], slot(t, 1, c), mine, length * esize);
-        }
-      }
-    }
-  }
-  // Down: forward each chunk of the result to the children as it arrives.
-  for (size_t c = 0; c < chunks; ++c) {
-    for (int t = 0; t < 2; ++t) {
-      if (nodes[t].parent < 0) continue;
-      op.wait(down[t][c]);
-      auto [offset, length] = chunk(t, c);
-      for (int k = 0; k < 2; ++k) {
-        if (nodes[t].children[k] >= 0) {
-          op.send(nodes[t].children[k], slot(t, 1, c), data + offset * esize, length * esize);
-        }
-      }
-    }
-  }
-  op.waitAll();
-}
+int treeHeight(int size) { return size > 1 ? treeDepth(1, size, 0) : 0; }
 
 }  // namespace pycomm::algorithms
