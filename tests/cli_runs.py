@@ -10,6 +10,7 @@ PYTHONPATH. The launcher variables are dropped from the environment so that the 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +21,12 @@ from types import ModuleType
 from typing import Any
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def plot_args(path: Path) -> list[str]:
+    """``--plot path`` where matplotlib is installed (the commands refuse --plot without it)."""
+    return ["--plot", str(path)] if HAVE_MATPLOTLIB else []
 
 
 def source_root(pycomm: ModuleType) -> Path:

@@ -226,6 +226,19 @@ class Cluster:
     def kill(self, rank: int, sig: int = signal.SIGKILL) -> None:
         os.kill(self.pid(rank), sig)
 
+    def wait_looping(self) -> None:
+        """Waits until every rank has sent its "looping" event (it is inside its loop of ops)."""
+        for r in range(self.world):
+            self.wait_event(r, "looping", timeout=60)
+
+    def kill_in_loop(self, rank: int, sig: int = signal.SIGKILL, settle_s: float = 0.3) -> tuple[float, list[int]]:
+        """Once every rank loops, and ``settle_s`` later, signals ``rank``: (when, the other ranks)."""
+        self.wait_looping()
+        time.sleep(settle_s)
+        killed_at = time.monotonic()
+        self.kill(rank, sig)
+        return killed_at, [r for r in range(self.world) if r != rank]
+
     @contextlib.contextmanager
     def stopped(self, rank: int) -> Iterator[None]:
         """Once every rank has said "ready", holds ``rank`` with SIGSTOP for the body."""

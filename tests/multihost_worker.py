@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 import torch.distributed as dist
 
 import pycomm
+from host_rank import join_group
 
 
 # Relative L2 error of a compressed all-reduce against the float64 sum (the DDP hooks' bounds).
@@ -54,15 +54,7 @@ def check_compressed(rank: int, world: int) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world", type=int, required=True)
-    parser.add_argument("--master", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("pycomm", init_method=f"tcp://{args.master}:{args.port}", rank=args.rank,
-                            world_size=args.world, pg_options=pycomm.Options(debug="INFO"))
+    args = join_group(pg_options=pycomm.Options(debug="INFO"))
     failures = []
     for count in (0, 1, 13, 4099, 300007):
         inputs = [torch.randn(count, dtype=torch.float64, generator=torch.Generator().manual_seed(1000 * q + count))

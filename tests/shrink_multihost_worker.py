@@ -7,7 +7,7 @@ and exits 0 on success; rank 0 serves the store (tcp:// init), so it is never th
 
 from __future__ import annotations
 
-import argparse
+import datetime
 import os
 import signal
 import sys
@@ -17,20 +17,13 @@ import torch
 import torch.distributed as dist
 
 import pycomm
+from host_rank import join_group
 
 DOOMED = 3
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world", type=int, required=True)
-    parser.add_argument("--master", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("pycomm", init_method=f"tcp://{args.master}:{args.port}", rank=args.rank,
-                            world_size=args.world, timeout=__import__("datetime").timedelta(seconds=20))
+    args = join_group(timeout=datetime.timedelta(seconds=20))
     t = torch.empty(100_000)
     try:
         for i in range(10_000):

@@ -93,12 +93,7 @@ def test_sigkill_peer_fails_survivors_promptly(pycomm: ModuleType, pattern: str,
         pg_timeout_s=DEAD_PEER_PG_TIMEOUT_S,
         hang_timeout_s=90,
     ) as c:
-        for rank in range(world):
-            c.wait_event(rank, "looping", timeout=60)
-        time.sleep(0.3)  # well inside the loop / the blocking recv
-        killed_at = time.monotonic()
-        c.kill(doomed)
-        survivors = [r for r in range(world) if r != doomed]
+        killed_at, survivors = c.kill_in_loop(doomed)  # 0.3 s on: well inside the loop / the blocking recv
         results = {r: c.result(r, timeout=DEAD_PEER_DETECT_MAX_S + DESTROY_MAX_S + 20) for r in survivors}
         exits = {r: c.wait_exit(r, timeout=EXIT_MAX_S) for r in survivors}
         logs = {r: c.stderr(r) for r in survivors}

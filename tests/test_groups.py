@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -115,12 +116,6 @@ def _subset_worker(rank: int, world: int) -> tuple[list[str], int]:
     return f.result()
 
 
-def test_new_group_subsets(backend: str) -> None:
-    assert_no_failures(
-        run_ranks(_subset_worker, 4, backend=backend, timeout_s=TIMEOUT_S)
-    )
-
-
 def _subgroups_worker(rank: int, world: int) -> tuple[list[str], int]:
     f = Failures(rank)
     # group_size must be given on CPU: its default is torch.cuda.device_count().
@@ -148,10 +143,9 @@ def _subgroups_worker(rank: int, world: int) -> tuple[list[str], int]:
     return f.result()
 
 
-def test_new_subgroups(backend: str) -> None:
-    assert_no_failures(
-        run_ranks(_subgroups_worker, 4, backend=backend, timeout_s=TIMEOUT_S)
-    )
+@pytest.mark.parametrize("worker", [_subset_worker, _subgroups_worker], ids=["new_group_subsets", "new_subgroups"])
+def test_subgroups(backend: str, worker: Callable[[int, int], tuple[list[str], int]]) -> None:
+    assert_no_failures(run_ranks(worker, 4, backend=backend, timeout_s=TIMEOUT_S))
 
 
 def _diverged_names_worker(rank: int, world: int) -> tuple[list[str], int]:

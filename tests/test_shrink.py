@@ -111,12 +111,7 @@ def test_survivors_shrink_after_a_lost_rank_and_go_on(pycomm: ModuleType, world:
         pg_timeout_s=pg_timeout_s,
         hang_timeout_s=90,
     ) as c:
-        for r in range(world):
-            c.wait_event(r, "looping", timeout=60)
-        time.sleep(0.2)
-        killed_at = time.monotonic()
-        c.kill(doomed, signal.SIGKILL if sig == "KILL" else signal.SIGSTOP)
-        survivors = [r for r in range(world) if r != doomed]
+        killed_at, survivors = c.kill_in_loop(doomed, signal.SIGKILL if sig == "KILL" else signal.SIGSTOP, 0.2)
         results = {r: c.result(r, timeout=SHRINK_PG_TIMEOUT_S + 30) for r in survivors}
 
     problems = []

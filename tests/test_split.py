@@ -7,6 +7,7 @@ parent working."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -49,10 +50,6 @@ def parity_worker(rank: int, world: int) -> tuple[list[str], int]:
     return f.result()
 
 
-def test_split_by_parity() -> None:
-    assert_no_failures(run_ranks(parity_worker, 4, backend="pycomm", timeout_s=TIMEOUT_S))
-
-
 def outside_worker(rank: int, world: int) -> tuple[list[str], int]:
     f = Failures(rank)
     if rank != 1:
@@ -72,5 +69,7 @@ def outside_worker(rank: int, world: int) -> tuple[list[str], int]:
     return f.result()
 
 
-def test_split_with_a_rank_outside_and_bad_rank_lists() -> None:
-    assert_no_failures(run_ranks(outside_worker, 3, backend="pycomm", timeout_s=TIMEOUT_S))
+@pytest.mark.parametrize(("worker", "world"), [(parity_worker, 4), (outside_worker, 3)],
+                         ids=["split_by_parity", "a_rank_outside_and_bad_rank_lists"])
+def test_split(worker: Callable[[int, int], tuple[list[str], int]], world: int) -> None:
+    assert_no_failures(run_ranks(worker, world, backend="pycomm", timeout_s=TIMEOUT_S))

@@ -69,8 +69,7 @@ def _checked_allreduce_loop_worker(rank: int, world: int, ctl: Control) -> dict[
 
 def test_strangers_after_setup_are_dropped(pycomm: ModuleType) -> None:
     with Cluster(_checked_allreduce_loop_worker, 2, pg_timeout_s=30, hang_timeout_s=120) as c:
-        for rank in range(2):
-            c.wait_event(rank, "looping", timeout=60)
+        c.wait_looping()
         address = c.pycomm_address(0)
         token = c.store().get(c.store_key("pycomm/token"))
         outcomes: dict[str, str] = {}

@@ -20,14 +20,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from cli_runs import run_python, source_root, train_to_json
+from cli_runs import HAVE_MATPLOTLIB, plot_args, run_python, source_root, train_to_json
 from support import import_pycomm_or_skip
 
 _pycomm = import_pycomm_or_skip("python -m pycomm.train")
 
 SOURCE_ROOT = source_root(_pycomm)
 TIMEOUT_S = 180  # per run; generous for a loaded 2-core CI machine (a 30-step run takes ~20 s)
-HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -61,8 +60,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def long_run(workdir: Path) -> dict[str, Any]:
     """30 steps at world 2 over pycomm, with the plot when matplotlib is there."""
-    plot = ["--plot", str(workdir / "loss.png")] if HAVE_MATPLOTLIB else []
-    return train(workdir, "long", "--backend", "pycomm", "--nproc", "2", "--steps", "30", "--eval-every", "10", *plot)
+    return train(workdir, "long", "--backend", "pycomm", "--nproc", "2", "--steps", "30", "--eval-every", "10",
+                 *plot_args(workdir / "loss.png"))
 
 
 # Short runs: over pycomm twice (determinism), over gloo, and under torchrun.

@@ -11,20 +11,18 @@ counter sees.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runs import assert_exit_0, run_python, source_root, train_to_json
+from cli_runs import HAVE_MATPLOTLIB, assert_exit_0, plot_args, run_python, source_root, train_to_json
 from support import import_pycomm_or_skip
 
 _pycomm = import_pycomm_or_skip("python -m pycomm.train")
 
 SOURCE_ROOT = source_root(_pycomm)
 TIMEOUT_S = 150  # per run; a 2-step large-model run takes ~15 s on 2 idle cores
-HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 STEPS = 2
 
 
@@ -43,8 +41,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def large_fp32(workdir: Path) -> dict[str, Any]:
-    plot = ["--plot", str(workdir / "large.png")] if HAVE_MATPLOTLIB else []
-    return train(workdir / "fp32.json", *LARGE, *plot, transport="tcp")
+    return train(workdir / "fp32.json", *LARGE, *plot_args(workdir / "large.png"), transport="tcp")
 
 
 @pytest.fixture(scope="module")

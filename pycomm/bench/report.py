@@ -35,18 +35,8 @@ class Row:
 
     @classmethod
     def for_variant(cls, op: str, variant: Variant, dtype: str, size: int, count: int) -> Row:
-        return cls(
-            op=op,
-            backend=variant.backend,
-            label=variant.label,
-            algo=variant.algo,
-            compression=variant.compression,
-            transport=variant.transport,
-            chunk_bytes=variant.chunk_bytes,
-            dtype=dtype,
-            size_bytes=size,
-            count=count,
-        )
+        # Every field of the variant, under the same name.
+        return cls(op=op, dtype=dtype, size_bytes=size, count=count, **asdict(variant))
 
 
 COLUMNS = ("size", "count", "type", "op", "backend", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wrong", "ratio")

@@ -67,16 +67,10 @@ class Header:
 
     @classmethod
     def of_run(cls, config: TrainConfig, world: int, step: int) -> Header:
+        of_config = ("model", "accum_steps", "batch_size", "seed", "hook", "error_feedback")
         return cls(
-            step=step,
-            model=config.model,
-            world_size=world,
-            pycomm_version=pycomm.__version__,
-            accum_steps=config.accum_steps,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            hook=config.hook,
-            error_feedback=config.error_feedback,
+            step=step, world_size=world, pycomm_version=pycomm.__version__,
+            **{name: getattr(config, name) for name in of_config},
         )
 
     def mismatch(self, config: TrainConfig, world: int) -> str | None:

@@ -96,15 +96,12 @@ class TrainConfig:
             preset = MODELS[model]
         except KeyError:
             raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}") from None
+        shape = {f.name: getattr(preset, f.name) for f in dataclasses.fields(preset) if f.name != "about"}
+        if batch_size is not None:
+            shape["batch_size"] = batch_size
         return cls(
             model=model,
-            context=preset.context,
-            d_model=preset.d_model,
-            n_heads=preset.n_heads,
-            n_layers=preset.n_layers,
-            hash_buckets=preset.hash_buckets,
-            fused_adamw=preset.fused_adamw,
-            batch_size=preset.batch_size if batch_size is None else batch_size,
+            **shape,  # type: ignore[arg-type]
             **settings,  # type: ignore[arg-type]
         )
 
