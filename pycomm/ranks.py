@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
+import signal
 import sys
 import time
 from collections.abc import Container, Sequence
@@ -18,6 +20,41 @@ def under_torchrun() -> bool:
 
     All three variables are needed: the ranks join through env://, which reads MASTER_ADDR."""
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def fork_ranks(
+    nproc: int, entry: object, args: tuple[object, ...], timeout_s: float
+) -> tuple[list[mp.process.BaseProcess], object]:
+    """Starts ``nproc`` local ranks, ``entry(rank, store_address, *args)`` each, and returns them with
+    the queue through which ``send_store_address`` hands them the rendezvous store's address (a
+    rank waits ``timeout_s`` for it).
+
+    The ranks are forked, and first of all: the launcher has only imported torch and pycomm, has
+    made no store (whose server runs a thread) and run no tensor op (whose thread pool a fork would
+    break). That is the state the test harness's forkserver forks from, and forked ranks do not
+    import torch again: spawned ones spent 2-3 s of CPU each on it, most of a short run."""
+    ctx = mp.get_context("fork")
+    addresses = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(entry, rank, addresses, timeout_s, args), name=f"rank{rank}")
+             for rank in range(nproc)]
+    for proc in procs:
+        proc.start()
+    return procs, addresses
+
+
+def send_store_address(addresses: object, nproc: int, address: tuple[str, int]) -> None:
+    for _ in range(nproc):
+        addresses.put(address)  # type: ignore[attr-defined]
+
+
+def _rank_main(entry: object, rank: int, addresses: object, timeout_s: float, args: tuple[object, ...]) -> None:
+    # A rank ends on SIGTERM as a spawned one did, whatever handler the launcher had when it forked.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        address = addresses.get(timeout=timeout_s)  # type: ignore[attr-defined]
+    except queue.Empty:
+        sys.exit(f"rank {rank}: the launcher sent no rendezvous address within {timeout_s:g} s")
+    entry(rank, address, *args)  # type: ignore[operator]
 
 
 def wait_ranks(procs: Sequence[mp.process.BaseProcess]) -> None:

@@ -6,7 +6,6 @@ import sys
 
 from pycomm.bench.cli import main
 
-# The guard matters: local ranks are started with the "spawn" method, which
-# re-imports this module as __mp_main__ in every child.
+# The guard keeps importing this module (e.g. by a tool that lists entry points) from running it.
 if __name__ == "__main__":
     sys.exit(main())

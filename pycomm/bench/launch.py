@@ -9,7 +9,8 @@ from datetime import timedelta
 
 from pycomm.bench.config import BenchConfig
 from pycomm.bench.runner import EXIT_FAIL, run_rank, spawn_entry
-from pycomm.ranks import report_silent_deaths, terminate_ranks, under_torchrun, wait_ranks
+from pycomm.ranks import (fork_ranks, report_silent_deaths, send_store_address, terminate_ranks, under_torchrun,
+                          wait_ranks)
 
 
 def run_existing_rank(config: BenchConfig) -> int:
@@ -31,25 +32,19 @@ def run(config: BenchConfig, nproc: int) -> int:
 
 
 def run_local(config: BenchConfig, nproc: int) -> int:
-    """Spawn ``nproc`` ranks on this host and wait for them.
+    """Start ``nproc`` ranks on this host (forked: pycomm.ranks.fork_ranks) and wait for them.
 
     The launcher serves the rendezvous TCPStore itself on an OS-chosen port:
     nothing to race for, and it outlives any single rank.
     """
     import torch.distributed as dist  # deferred: keeps `--help` fast
 
+    results = mp.get_context("fork").Queue()
+    procs, addresses = fork_ranks(nproc, spawn_entry, (nproc, config, results), config.timeout_s)
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1", 0, nproc, is_master=True, timeout=timedelta(seconds=config.timeout_s), wait_for_workers=False
     )
-    ctx = mp.get_context("spawn")  # fork is unsafe once torch has threads
-    results = ctx.Queue()
-    store_addr = ("127.0.0.1", store.port)
-    procs = [
-        ctx.Process(target=spawn_entry, args=(rank, nproc, config, store_addr, results), name=f"rank{rank}")
-        for rank in range(nproc)
-    ]
-    for proc in procs:
-        proc.start()
+    send_store_address(addresses, nproc, ("127.0.0.1", store.port))
     try:
         wait_ranks(procs)
     except KeyboardInterrupt:

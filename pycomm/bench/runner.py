@@ -186,8 +186,8 @@ def _exact(row: Row, variants: tuple[Variant, ...]) -> bool:
     return any(v.label == row.label and v.exact for v in variants)
 
 
-def spawn_entry(rank: int, world: int, config: BenchConfig, store_addr: tuple[str, int], results: object) -> None:
-    """Target of each locally spawned rank (module-level so spawn can pickle it)."""
+def spawn_entry(rank: int, store_addr: tuple[str, int], world: int, config: BenchConfig, results: object) -> None:
+    """What each rank the launcher forks runs (pycomm.ranks.fork_ranks)."""
     code: int = EXIT_FAIL
     message: str | None = "crashed"
     try:

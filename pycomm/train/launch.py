@@ -15,7 +15,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from pycomm.ranks import GRACE_S, report_silent_deaths, terminate_ranks, under_torchrun, wait_ranks
+from pycomm.ranks import (GRACE_S, fork_ranks, report_silent_deaths, send_store_address, terminate_ranks,
+                          under_torchrun, wait_ranks)
 from pycomm.train.config import EXIT_FAIL, EXIT_OK, TrainConfig
 
 TRACEBACK_ENV = "PYCOMM_TRAIN_TRACEBACK"  # =1: print full tracebacks, not one line
@@ -110,9 +111,9 @@ def _agent_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"pycomm.train/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def spawn_entry(config: TrainConfig, rank: int, world: int, store_port: int, results: mp.Queue) -> None:  # type: ignore[type-arg]
+def spawn_entry(rank: int, store_addr: tuple[str, int], config: TrainConfig, world: int, results: mp.Queue) -> None:  # type: ignore[type-arg]
     def join(timeout: datetime.timedelta) -> None:
-        store = dist.TCPStore("127.0.0.1", store_port, world, is_master=False, timeout=timeout)
+        store = dist.TCPStore(store_addr[0], store_addr[1], world, is_master=False, timeout=timeout)
         dist.init_process_group(config.backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
     try:
@@ -125,33 +126,29 @@ def spawn_entry(config: TrainConfig, rank: int, world: int, store_port: int, res
 
 
 def run_local(config: TrainConfig) -> int:
-    """Spawn ``config.nproc`` ranks on this host and wait for them.
+    """Start ``config.nproc`` ranks on this host (forked: pycomm.ranks.fork_ranks) and wait for them.
 
     The launcher serves the rendezvous TCPStore itself on a port the OS picks
     (port 0): no free-port race between choosing and binding, and the store
     outlives any one rank.
     """
     world = config.nproc
-    store = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        world,
-        is_master=True,
-        timeout=datetime.timedelta(seconds=config.timeout_s),
-        wait_for_workers=False,
-    )
-    ctx = mp.get_context("spawn")  # fork is unsafe once torch has started threads
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=spawn_entry, args=(config, rank, world, store.port, results), name=f"rank{rank}")
-        for rank in range(world)
-    ]
+    results = mp.get_context("fork").Queue()
     # SIGTERM (a CI timeout, a job scheduler) must not orphan the ranks:
-    # spawned children outlive a parent that dies, and would train on alone.
+    # forked children outlive a parent that dies, and would train on alone.
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    procs: list[mp.process.BaseProcess] = []
     try:
-        for proc in procs:
-            proc.start()
+        procs, addresses = fork_ranks(world, spawn_entry, (config, world, results), config.timeout_s)
+        store = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            world,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=config.timeout_s),
+            wait_for_workers=False,
+        )
+        send_store_address(addresses, world, ("127.0.0.1", store.port))
         if config.on_failure == "shrink":
             reports = _wait_carrying_on(procs, results)
         else:
