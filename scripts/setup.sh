@@ -17,7 +17,7 @@ case "$torch_version" in
     exit 1
     ;;
 esac
-python3 -m pip install -q ninja pytest hypothesis numpy matplotlib
+python3 -m pip install -q ninja pytest pytest-xdist hypothesis numpy matplotlib
 command -v cmake >/dev/null || python3 -m pip install -q cmake
 # No build isolation: an isolated build would fetch another torch. The first install registers the
 # package in place; later runs rebuild only when a source changed, incrementally with ninja.

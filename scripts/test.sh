@@ -26,12 +26,19 @@ rm -f build/native-build.rc
 ) > build/native-build.log 2>&1 &
 builder=$!
 
+# pytest in two parts (tests/conftest.py, PARALLEL_SAFE): the tests that check results only, two
+# at a time, then every test with a time bound or machine-wide state, alone. Arguments go to both.
 status=0
-python3 -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
-rc=$?
-echo "[phase] pytest: ${SECONDS} s since the start"
-# Exit code 5 means pytest collected no test: not a failure of the suite.
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
+pytest_part() {
+  python3 -m pytest tests -q -p no:cacheprovider --durations=10 "$@"
+  local rc=$?
+  # Exit code 5 means pytest collected no test: not a failure of the suite.
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
+}
+pytest_part -n 2 -m "not serial" "$@"
+echo "[phase] pytest, results-only tests two at a time: ${SECONDS} s since the start"
+pytest_part -m serial "$@"
+echo "[phase] pytest, timed and machine-wide tests alone: ${SECONDS} s since the start"
 
 wait "$builder"
 echo "[phase] native builds finished: ${SECONDS} s since the start"

@@ -67,3 +67,28 @@ def pycomm() -> ModuleType:
 @pytest.fixture(params=WORLD_SIZES, ids=lambda w: f"w{w}")
 def world_size(request: pytest.FixtureRequest) -> int:
     return int(request.param)
+
+
+# Files whose tests check results only (against references or each other): no time bound, no share
+# of a CPU, no machine-wide state (/dev/shm listings, network namespaces, a rank's fds or threads
+# seen from outside). scripts/test.sh runs these two at a time (pytest -n 2, -m "not serial"), and
+# every other test alone (-m serial), so a new file is timed alone until it is listed here.
+PARALLEL_SAFE = frozenset({
+    "test_algorithms", "test_bench_cli", "test_callbacks", "test_coalescing", "test_codec_exactness",
+    "test_collectives", "test_compression", "test_concurrent_groups", "test_ddp_fsdp", "test_device_mesh",
+    "test_functional_collectives", "test_fuzz_parsers", "test_groups", "test_p2p", "test_profiler", "test_soak",
+    "test_sparse", "test_split", "test_tensor_modes", "test_train_cli", "test_train_recovery", "test_train_report",
+    "test_tuning",
+})  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "serial: runs alone (a time bound, a CPU share or machine-wide state)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem not in PARALLEL_SAFE:
+            item.add_marker(pytest.mark.serial)
+    # The soak (about 80 s) first, so that it does not run alone at the end of a parallel run.
+    items.sort(key=lambda item: item.path.stem != "test_soak")
