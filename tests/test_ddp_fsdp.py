@@ -7,10 +7,12 @@ which is the backend-independent reference.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import pytest
 import torch
+import torch.distributed as dist
 from mp import run_ranks
 from torch import nn
 
@@ -139,7 +141,18 @@ def _powersgd_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
         lambda s: _batch(s, rank, DDP_SIZES[0], DDP_SIZES[-1]),
         lr=0.1,
     )
-    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+    params = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+    # The hook's callbacks hold the group, and gloo's worker threads may still be dropping the last
+    # of them when this returns: a ProcessGroupGloo whose last reference goes on its own worker
+    # thread is destroyed there and joins itself ("terminate called after throwing an instance of
+    # 'std::system_error' what(): Resource deadlock avoided", SIGABRT). Without pycomm in any
+    # process that struck 5 of 30 gloo runs of this worker on torch 2.13.0 and 15 of 30 on 2.14.1
+    # (0 of 30 on pycomm). Dropping ours and letting one more op through before
+    # destroy_process_group leaves the last reference to the registry, on this thread: 0 of 30 on both.
+    del model, state
+    gc.collect()
+    dist.barrier()
+    return params
 
 
 def test_ddp_powersgd_hook(pycomm: object) -> None:
