@@ -293,6 +293,32 @@ void checkCompressedAllreduce() {
         EXPECT_TRUE(stats.count(std::string("allreduce/") + codecs::codecName(codec)) == 1, "stats key");
       }
     }
+    // World 1 rounds once, SUM and AVG alike, and error feedback keeps what that rounding dropped:
+    // exactly the codec's own encode and decode, over more elements than one piece holds.
+    MemoryStore store;
+    auto one = makeGroup(1, store, 4096);
+    for (bool feedback : {false, true}) {
+      const size_t count = 3001;
+      std::vector<float> buf(count), residual(count), expect(count), encodedInput(count);
+      for (size_t i = 0; i < count; ++i) {
+        buf[i] = static_cast<float>(std::sin(0.37 * i)) * 1000.0f;
+        residual[i] = feedback ? static_cast<float>(std::cos(0.11 * i)) : 0.0f;
+        encodedInput[i] = buf[i] + residual[i];
+      }
+      std::vector<uint8_t> code(codecs::encodedBytes(codec, count));
+      codecs::encode(codec, encodedInput.data(), count, code.data());
+      codecs::decode(codec, code.data(), count, expect.data());
+      one[0]->allreduceCompressed(buf.data(), count, codec, feedback, feedback ? residual.data() : nullptr);
+      EXPECT_TRUE(std::memcmp(buf.data(), expect.data(), count * 4) == 0, codecs::codecName(codec),
+                  " at world 1 is not one rounding", feedback ? " (with error feedback, AVG)" : "");
+      for (size_t i = 0; feedback && i < count; ++i) {
+        if (residual[i] != encodedInput[i] - expect[i]) {
+          EXPECT_TRUE(false, codecs::codecName(codec), " world 1 residual ", i, ": ", residual[i], " != ",
+                      encodedInput[i] - expect[i]);
+          break;
+        }
+      }
+    }
   }
 }
 

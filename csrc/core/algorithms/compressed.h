@@ -1,4 +1,5 @@
-// Compressed collectives over fp32 buffers that round exactly twice, whatever the world size.
+// Compressed collectives over fp32 buffers that round exactly twice at any world size above one
+// (once at world 1, where nothing is summed).
 //
 // All-reduce: each rank encodes its input once (one rounding); an all-to-all hands every rank the
 // encoded copies of its own segment; it decodes them and sums in fp32 in rank order, encodes that sum
@@ -7,7 +8,7 @@
 // hop by hop, as a plain fp16 ring does, would round p-1 times and let the error grow with p.
 //
 // Reduce-scatter is the first half (one rounding: the sum stays fp32); all-gather encodes once.
-// Those two are compressed_schedule.h's, run here by the CPU executor.
+// All three are compressed_schedule.h's, run here by the CPU executor.
 #pragma once
 
 #include <functional>

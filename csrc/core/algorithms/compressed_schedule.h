@@ -84,11 +84,15 @@ void compressedAllgatherSchedule(Steps& x, const float* in, float* out, uint8_t*
 // `encoded` bytes), every rank's encoding of this rank's segment (`received`), and an fp32
 // accumulator, which with error feedback also takes the decoded copy of any segment this rank
 // encodes. `separate`: each piece its own place (pieces in flight together), else one place reused.
+// At world 1 nothing is received and the gathered sums are the encoded inputs themselves.
 struct CompressedAllreduceScratch {
   std::vector<size_t> encodedAt, receivedAt;  // per piece
   size_t encoded = 0, received = 0, accElems = 0;
+  bool single;  // world 1
 
-  CompressedAllreduceScratch(const std::vector<CompressedPiece>& pieces, int p, int r, bool separate, bool feedback) {
+  CompressedAllreduceScratch(const std::vector<CompressedPiece>& pieces, int p, int r, bool separate, bool feedback)
+      : single(p == 1) {
+    separate = separate && !single;  // world 1 runs piece after piece
     for (const auto& piece : pieces) {
       const size_t pieceEncoded = piece.layout.offset(p);
       const size_t pieceReceived = p * piece.layout.length(r);
@@ -99,9 +103,10 @@ struct CompressedAllreduceScratch {
       accElems = std::max(accElems, feedback ? piece.segments.maxLength() : piece.segments.length(r));
     }
   }
-  size_t bytes() const {
-    return 2 * compressedAlignUp(encoded) + compressedAlignUp(received) + compressedAlignUp(accElems * sizeof(float)) + 64;
-  }
+  size_t gatheredOffset() const { return single ? 0 : compressedAlignUp(encoded); }
+  size_t receivedOffset() const { return single ? compressedAlignUp(encoded) : 2 * compressedAlignUp(encoded); }
+  size_t accOffset() const { return receivedOffset() + (single ? 0 : compressedAlignUp(received)); }
+  size_t bytes() const { return accOffset() + compressedAlignUp(accElems * sizeof(float)) + 64; }
 };
 
 template <class Steps>
@@ -124,9 +129,9 @@ void compressedAllreduceSchedule(Steps& x, float* data, const std::vector<Compre
   const CompressedAllreduceScratch place = compressedAllreduceScratchFor<Steps>(pieces, p, r, residual != nullptr);
   uint8_t* encoded = scratch;
   // At world 1 the gathered sums are this rank's own encodings, decoded in place: one rounding.
-  uint8_t* gathered = p == 1 ? encoded : encoded + compressedAlignUp(place.encoded);
-  uint8_t* received = gathered + compressedAlignUp(place.encoded);
-  auto* acc = reinterpret_cast<float*>(received + compressedAlignUp(place.received));
+  uint8_t* gathered = scratch + place.gatheredOffset();
+  uint8_t* received = scratch + place.receivedOffset();
+  auto* acc = reinterpret_cast<float*>(scratch + place.accOffset());
   // Two slots per piece: its all-to-all of encoded inputs, then its all-gather of encoded sums.
   auto exchangeSlot = [](size_t k) { return static_cast<uint32_t>(2 * k); };
   auto gatherSlot = [](size_t k) { return static_cast<uint32_t>(2 * k + 1); };
@@ -152,6 +157,8 @@ void compressedAllreduceSchedule(Steps& x, float* data, const std::vector<Compre
     if (stages.before) stages.before(k);
     const CompressedPiece& piece = pieces[k];
     uint8_t* out = encoded + place.encodedAt[k];
+    // At world 1 the sum is this rank's input: averaged before its one rounding, not after.
+    if (p == 1 && average && factor != 1.0f) x.scale(data + piece.begin, piece.segments.length(0), factor);
     for (int i = 0; i < p; ++i) {
       float* at = data + piece.begin + piece.segments.offset(i);
       if (residual != nullptr) {

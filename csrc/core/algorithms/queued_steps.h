@@ -12,7 +12,8 @@
 // (the schedules post the same sequence everywhere), and the link's order of receives from a peer
 // is the order of that peer's sends to us, which is how the link pairs them.
 //
-// The executor allocates only its two vectors (reserved once per op), not per step.
+// The executor allocates only its two vectors, not per step: the open group's (reserved once per op)
+// and held_, one entry per receive of the op, each visited once by step() (firstHeld_).
 #pragma once
 
 #include <cstddef>
@@ -62,7 +63,9 @@ class QueuedSteps {
   }
   void left(Handle) { post(); }
   void step() {
-    for (auto& t : held_) release(t);
+    // Receives before firstHeld_ went out at an earlier step (or arrived() let them out).
+    for (size_t i = firstHeld_; i < held_.size(); ++i) release(held_[i]);
+    firstHeld_ = held_.size();
     post();
   }
   void drain() { step(); }
@@ -120,6 +123,7 @@ class QueuedSteps {
   const char* what_;
   std::vector<QueuedTransfer> open_;
   std::vector<QueuedTransfer> held_;
+  size_t firstHeld_ = 0;
 };
 
 }  // namespace pycomm::algorithms

@@ -49,8 +49,9 @@
 //   groups complete as a whole: each group holds only the receive the next kernel waits for and
 //   the sends issued since the previous group.
 //
-// Both executors see the same transfers in the same order and the same reductions in the same
-// order, so a schedule gives the same bits on either (tests/native/test_queued_collectives.cc).
+// Both executors see the same transfers and the same reductions in the same order of reduction
+// (where a schedule asks kTaggedTransfers, the CPU posts its receives earlier), so a schedule gives
+// the same bits on either (tests/native/test_queued_collectives.cc).
 // Transfers of zero bytes are skipped by the queued executor, as the link skips them on both sides.
 #pragma once
 
