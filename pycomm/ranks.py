@@ -9,7 +9,8 @@ import queue
 import signal
 import sys
 import time
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
+from typing import Any
 
 # Once one rank has failed, the others get this long to report before they are stopped.
 GRACE_S = 5.0
@@ -23,11 +24,12 @@ def under_torchrun() -> bool:
 
 
 def fork_ranks(
-    nproc: int, entry: object, args: tuple[object, ...], timeout_s: float
-) -> tuple[list[mp.process.BaseProcess], object]:
-    """Starts ``nproc`` local ranks, ``entry(rank, store_address, *args)`` each, and returns them with
-    the queue through which ``send_store_address`` hands them the rendezvous store's address (a
-    rank waits ``timeout_s`` for it).
+    nproc: int, entry: object, args: tuple[object, ...], timeout_s: float, make_store: Callable[[], Any]
+) -> tuple[list[mp.process.BaseProcess], Any]:
+    """Starts ``nproc`` local ranks, ``entry(rank, store_address, *args)`` each, then the rendezvous
+    store (``make_store()``, a TCPStore server on 127.0.0.1), whose address it sends the ranks (each
+    waits ``timeout_s`` for it); returns the ranks and the store. If anything fails on the way (the
+    store, a fork, a signal's exception), the ranks started so far are stopped before it is raised.
 
     The ranks are forked, and first of all: the launcher has only imported torch and pycomm, has
     made no store (whose server runs a thread) and run no tensor op (whose thread pool a fork would
@@ -35,16 +37,19 @@ def fork_ranks(
     import torch again: spawned ones spent 2-3 s of CPU each on it, most of a short run."""
     ctx = mp.get_context("fork")
     addresses = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(entry, rank, addresses, timeout_s, args), name=f"rank{rank}")
-             for rank in range(nproc)]
-    for proc in procs:
-        proc.start()
-    return procs, addresses
-
-
-def send_store_address(addresses: object, nproc: int, address: tuple[str, int]) -> None:
-    for _ in range(nproc):
-        addresses.put(address)  # type: ignore[attr-defined]
+    procs: list[mp.process.BaseProcess] = []
+    try:
+        for rank in range(nproc):
+            proc = ctx.Process(target=_rank_main, args=(entry, rank, addresses, timeout_s, args), name=f"rank{rank}")
+            proc.start()
+            procs.append(proc)
+        store = make_store()
+        for _ in range(nproc):
+            addresses.put(("127.0.0.1", store.port))
+    except BaseException:
+        terminate_ranks(procs)
+        raise
+    return procs, store
 
 
 def _rank_main(entry: object, rank: int, addresses: object, timeout_s: float, args: tuple[object, ...]) -> None:

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Collective-communication microbenchmarks (nccl-tests style) for pycomm and other "
         "torch.distributed backends, measured side by side in the same ranks.",
         epilog="Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set) the existing ranks are used, on any number of hosts; "
-        "otherwise --nproc ranks are spawned on this host. Exit codes: 0 ok, 1 failure or wrong results, "
+        "otherwise --nproc ranks are started on this host. Exit codes: 0 ok, 1 failure or wrong results, "
         "2 usage error.",
     )
     p.add_argument(
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where --tune writes the table (default: the user cache that pycomm reads)",
     )
     p.add_argument(
-        "--nproc", type=_positive_int, default=None, help="local ranks to spawn (default 2; ignored under torchrun)"
+        "--nproc", type=_positive_int, default=None, help="local ranks to start (default 2; ignored under torchrun)"
     )
     p.add_argument("--warmup", type=_nonnegative_int, default=5, help="warm-up calls per size (default 5)")
     p.add_argument(

@@ -126,7 +126,7 @@ def _size_label(nbytes: int) -> str:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Everything a rank needs; plain data so it pickles across spawn."""
+    """Everything a rank needs; plain data (it pickles, for a launcher that sends it)."""
 
     ops: tuple[str, ...]
     sizes: tuple[int, ...]
@@ -142,7 +142,7 @@ class BenchConfig:
     json_path: str | None = None
     plot_path: str | None = None
     command: str = ""
-    launcher: str = "spawn"
+    launcher: str = "local"
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property

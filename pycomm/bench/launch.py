@@ -1,4 +1,4 @@
-"""Where the ranks come from: spawned locally, or already there (torchrun)."""
+"""Where the ranks come from: forked locally, or already there (torchrun)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from datetime import timedelta
 
 from pycomm.bench.config import BenchConfig
 from pycomm.bench.runner import EXIT_FAIL, run_rank, spawn_entry
-from pycomm.ranks import (fork_ranks, report_silent_deaths, send_store_address, terminate_ranks, under_torchrun,
-                          wait_ranks)
+from pycomm.ranks import fork_ranks, report_silent_deaths, terminate_ranks, under_torchrun, wait_ranks
 
 
 def run_existing_rank(config: BenchConfig) -> int:
@@ -25,7 +24,7 @@ def run_existing_rank(config: BenchConfig) -> int:
 
 
 def run(config: BenchConfig, nproc: int) -> int:
-    """The ranks of a launcher if one started us, else ``nproc`` spawned here."""
+    """The ranks of a launcher if one started us, else ``nproc`` forked here."""
     if under_torchrun():
         return run_existing_rank(config)
     return run_local(config, nproc)
@@ -40,11 +39,12 @@ def run_local(config: BenchConfig, nproc: int) -> int:
     import torch.distributed as dist  # deferred: keeps `--help` fast
 
     results = mp.get_context("fork").Queue()
-    procs, addresses = fork_ranks(nproc, spawn_entry, (nproc, config, results), config.timeout_s)
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        "127.0.0.1", 0, nproc, is_master=True, timeout=timedelta(seconds=config.timeout_s), wait_for_workers=False
+    procs, _store = fork_ranks(
+        nproc, spawn_entry, (nproc, config, results), config.timeout_s,
+        lambda: dist.TCPStore(  # type: ignore[attr-defined]
+            "127.0.0.1", 0, nproc, is_master=True, timeout=timedelta(seconds=config.timeout_s), wait_for_workers=False
+        ),
     )
-    send_store_address(addresses, nproc, ("127.0.0.1", store.port))
     try:
         wait_ranks(procs)
     except KeyboardInterrupt:

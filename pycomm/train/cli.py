@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "data parallel (DDP) over pycomm or gloo, and report the loss curves, tokens/s, the exposed "
         "communication time and the bytes on the wire.",
         epilog="Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set) the launched ranks join via env://, on any "
-        "number of hosts; otherwise --nproc ranks are spawned here. Exit codes: 0 ok, 1 failure, 2 usage error.",
+        "number of hosts; otherwise --nproc ranks are started here. Exit codes: 0 ok, 1 failure, 2 usage error.",
     )
     p.add_argument("--backend", choices=BACKENDS, default="pycomm", help="torch.distributed backend (default pycomm)")
     p.add_argument(
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the run's log (config, loss curves, tokens/s, exposed comm, bytes on the wire) here")
     p.add_argument("--plot", metavar="PATH", help="write the loss curves and step times here as PNG (needs matplotlib)")
     p.add_argument(
-        "--nproc", type=_number(int, 1, True), default=2, help="local ranks to spawn (default 2; not under torchrun)"
+        "--nproc", type=_number(int, 1, True), default=2, help="local ranks to start (default 2; not under torchrun)"
     )
     p.add_argument(
         "--timeout",

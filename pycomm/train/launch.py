@@ -1,4 +1,4 @@
-"""Where the ranks come from: spawned on this host, or already there (torchrun)."""
+"""Where the ranks come from: forked on this host, or already there (torchrun)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from pycomm.ranks import (GRACE_S, fork_ranks, report_silent_deaths, send_store_address, terminate_ranks,
-                          under_torchrun, wait_ranks)
+from pycomm.ranks import GRACE_S, fork_ranks, report_silent_deaths, terminate_ranks, under_torchrun, wait_ranks
 from pycomm.train.config import EXIT_FAIL, EXIT_OK, TrainConfig
 
 TRACEBACK_ENV = "PYCOMM_TRAIN_TRACEBACK"  # =1: print full tracebacks, not one line
@@ -139,16 +138,13 @@ def run_local(config: TrainConfig) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     procs: list[mp.process.BaseProcess] = []
     try:
-        procs, addresses = fork_ranks(world, spawn_entry, (config, world, results), config.timeout_s)
-        store = dist.TCPStore(
-            "127.0.0.1",
-            0,
-            world,
-            is_master=True,
-            timeout=datetime.timedelta(seconds=config.timeout_s),
-            wait_for_workers=False,
+        procs, _store = fork_ranks(
+            world, spawn_entry, (config, world, results), config.timeout_s,
+            lambda: dist.TCPStore(
+                "127.0.0.1", 0, world, is_master=True, timeout=datetime.timedelta(seconds=config.timeout_s),
+                wait_for_workers=False,
+            ),
         )
-        send_store_address(addresses, world, ("127.0.0.1", store.port))
         if config.on_failure == "shrink":
             reports = _wait_carrying_on(procs, results)
         else:

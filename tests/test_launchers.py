@@ -1,0 +1,51 @@
+"""The bench and train launchers (pycomm.ranks.fork_ranks): the local ranks are forked before the
+rendezvous store exists, so whatever fails after the fork must not leave them behind waiting."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from support import import_pycomm_or_skip
+
+import_pycomm_or_skip("the launchers")
+
+from pycomm.bench import launch as bench_launch  # noqa: E402
+from pycomm.bench.config import BenchConfig, Variant  # noqa: E402
+from pycomm.train import launch as train_launch  # noqa: E402
+from pycomm.train.config import TrainConfig  # noqa: E402
+
+
+class StoreFailed(OSError):
+    pass
+
+
+def _failing_store(*args: Any, **kwargs: Any) -> Any:
+    raise StoreFailed("no store today")
+
+
+def _run_bench() -> None:
+    config = BenchConfig(ops=("all_reduce",), sizes=(4096,), dtype="float32",
+                         variants=(Variant(backend="gloo", label="gloo"),), timeout_s=30.0)
+    bench_launch.run_local(config, 2)
+
+
+def _run_train() -> None:
+    train_launch.run_local(TrainConfig.for_model("small", nproc=2, steps=1, timeout_s=30.0))
+
+
+@pytest.mark.parametrize("run", [_run_bench, _run_train], ids=["bench", "train"])
+def test_a_store_that_cannot_be_made_leaves_no_rank_behind(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dist, "TCPStore", _failing_store)
+    start = time.monotonic()
+    with pytest.raises(StoreFailed):
+        run()
+    left = [p for p in multiprocessing.active_children() if p.name.startswith("rank")]
+    for proc in left:
+        proc.kill()
+        proc.join()
+    assert not left, f"{len(left)} forked ranks still waiting for a store address after the launcher failed"
+    assert time.monotonic() - start < 10, "the launcher took its ranks' whole timeout to fail"
