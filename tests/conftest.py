@@ -69,14 +69,16 @@ def world_size(request: pytest.FixtureRequest) -> int:
     return int(request.param)
 
 
-# Files whose tests check results only (against references or each other): no time bound, no share
-# of a CPU, no machine-wide state (/dev/shm listings, network namespaces, a rank's fds or threads
-# seen from outside). scripts/test.sh runs these two at a time (pytest -n 2, -m "not serial"), and
-# every other test alone (-m serial), so a new file is timed alone until it is listed here.
+# Files whose tests check results only (against references or each other): no time bound but hang
+# guards far above what a loaded machine takes, no share of a CPU, no machine-wide state (/dev/shm
+# listings, network namespaces, a rank's fds or threads seen from outside). scripts/test.sh runs
+# these two files at a time (pytest -n 2 --dist loadfile, -m "not serial"), and every other test
+# alone (-m serial), so a new file is timed alone until it is listed here. A test of a listed file
+# that needs to be alone carries @pytest.mark.serial itself.
 PARALLEL_SAFE = frozenset({
-    "test_algorithms", "test_bench_cli", "test_callbacks", "test_coalescing", "test_codec_exactness",
+    "test_algorithms", "test_bench_cli", "test_callbacks", "test_codec_exactness",
     "test_collectives", "test_compression", "test_concurrent_groups", "test_ddp_fsdp", "test_device_mesh",
-    "test_functional_collectives", "test_fuzz_parsers", "test_groups", "test_p2p", "test_profiler", "test_soak",
+    "test_functional_collectives", "test_fuzz_parsers", "test_p2p", "test_profiler", "test_soak",
     "test_sparse", "test_split", "test_tensor_modes", "test_train_cli", "test_train_recovery", "test_train_report",
     "test_tuning",
 })  # fmt: skip

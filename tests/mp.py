@@ -14,6 +14,7 @@ import faulthandler
 import multiprocessing
 import os
 import pickle
+import random
 import shutil
 import signal
 import socket
@@ -40,7 +41,23 @@ class RanksFailed(AssertionError):
 
 
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (the only address tests may use)."""
+    """A currently free TCP port on 127.0.0.1 (the only address tests may use).
+
+    Under pytest-xdist (scripts/test.sh runs two workers) a port the kernel handed out here could be
+    handed to the other worker before this one binds it again, so each worker draws from its own
+    range below the kernel's ephemeral ports (which start at 32768), where no outgoing connection
+    takes one either."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        first = 20000 + 2000 * (int(worker[2:]) % 6)
+        for _ in range(200):
+            port = random.randrange(first, first + 2000)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

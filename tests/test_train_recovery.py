@@ -186,6 +186,7 @@ def on_two_hosts(tmp: Path) -> dict[str, Any]:
 
 @pytest.mark.skipif(NO_NETNS is not None, reason=f"namespace hosts unavailable: {NO_NETNS}")
 @pytest.mark.skipif(os.environ.get("PYCOMM_FULL_SWEEP") != "1", reason="another 45 s: with PYCOMM_FULL_SWEEP=1")
+@pytest.mark.serial  # network namespaces and a fixed port
 def test_torchrun_restart_across_two_hosts(tmp_path: Path) -> None:
     reference, hosts = side_by_side(
         lambda: trainer(tmp_path / "pair.json", None, "--nproc", "2"),
