@@ -1,8 +1,9 @@
 """What a subgroup costs to create: 8 `dist.new_group` calls at world 4 (the default group's ranks and
 halves of them, as a DeviceMesh makes), each followed by one all-reduce on it, per backend and
-pycomm transport, median of `--rounds` rounds. `--base` measures another checkout's build too.
+pycomm transport, median of `--rounds` rounds. `--base` measures another checkout's build too;
+`--repeats N` runs every case N times, the cases alternating, and takes the median of all rounds.
 
-    python3 benchmarks/subgroups.py [--base <checkout>] [--rounds 3] [--out benchmarks/results/subgroups]
+    python3 benchmarks/subgroups.py [--base <checkout>] [--rounds 3] [--repeats 1] [--out benchmarks/results/subgroups]
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     cases = [("this build", ROOT, "pycomm", "auto"), ("this build", ROOT, "pycomm", "tcp")]
@@ -72,11 +74,13 @@ def main() -> None:
         cases = [("base build", args.base.resolve(), "pycomm", "auto"), ("base build", args.base.resolve(), "pycomm", "tcp")] + cases
     cases.append(("gloo", ROOT, "gloo", "-"))
     port = 31000 + os.getpid() % 2000
-    results = {}
-    for name, checkout, backend, transport in cases:
-        port += 1
-        results[f"{name} {backend} {transport}"] = run(checkout, backend, transport, args.rounds, port)
-    lines = ["8 new_groups + one all_reduce each, world 4, ms (median of rounds)", "",
+    results: dict[str, list[float]] = {f"{name} {backend} {transport}": [] for name, _, backend, transport in cases}
+    for _ in range(args.repeats):
+        for name, checkout, backend, transport in cases:
+            port += 1
+            results[f"{name} {backend} {transport}"] += run(checkout, backend, transport, args.rounds, port)
+    lines = [f"8 new_groups + one all_reduce each, world 4, ms (median of {args.repeats} x {args.rounds} rounds, "
+             "the cases alternating)", "",
              "| case | ms | rounds |", "| --- | --- | --- |"]
     for key, ms in results.items():
         lines.append(f"| {key} | {statistics.median(ms):.0f} | {', '.join(f'{m:.0f}' for m in ms)} |")

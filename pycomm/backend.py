@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -89,8 +90,20 @@ _formed: dict[tuple[int, ...], int] = {}
 _formed_under: weakref.ref[Any] | None = None
 
 
-def _group_keys(store: Any, global_ranks: list[int]) -> Any:
-    """The store under keys every member of the group names alike.
+@dataclass
+class Formation:
+    """How a group forms: the store under keys every member names alike and, for a group formed
+    from the default group, that group's backend and a key of the new group that every member
+    names alike, from which it derives its secret (config.h: Lineage) instead of reading one from
+    the store."""
+
+    store: Any
+    parent: Any = None
+    key: str = ""
+
+
+def _group_keys(store: Any, global_ranks: list[int]) -> Formation:
+    """How the group forms (Formation): above all, the store under keys every member names alike.
 
     torch hands a group's backend PrefixStore("<device>/", PrefixStore("<group name>/", S)), S the
     default group's store, and the name is a per-process count of groups: a rank whose count went
@@ -99,12 +112,14 @@ def _group_keys(store: Any, global_ranks: list[int]) -> Any:
     groups of those members this process formed before agree on every member, since torch has each
     create its groups in the same order. The default group's shrink depth, the same on every
     survivor, keeps a generation's keys apart from the last one's (shrinking the default group
-    restarts torch's names, and S, at the first default group's)."""
+    restarts torch's names, and S, at the first default group's). A group formed under a default
+    group that was never shrunk inherits from it; a shrunk one numbers the ranks anew, so its
+    global ranks are not indices into it."""
     global _formed_under
     try:
         default = dist.distributed_c10d._get_default_group()
     except (RuntimeError, ValueError):
-        return store  # no default group yet: this is it, and its name is the same everywhere
+        return Formation(store)  # no default group yet: this is it, and its name is the same everywhere
     try:
         backend = default._get_backend(torch.device("cpu"))
     except (RuntimeError, ValueError):
@@ -112,7 +127,7 @@ def _group_keys(store: Any, global_ranks: list[int]) -> Any:
     depth = backend.shrink_depth if isinstance(backend, _C.PycommBackend) else 0
     shared = getattr(getattr(store, "underlying_store", None), "underlying_store", None)
     if shared is None or not global_ranks:
-        return dist.PrefixStore(f"pycomm-world{depth}/", store) if depth > 0 else store
+        return Formation(dist.PrefixStore(f"pycomm-world{depth}/", store) if depth > 0 else store)
     if _formed_under is None or _formed_under() is not default:
         _formed.clear()
         _formed_under = weakref.ref(default)
@@ -120,14 +135,17 @@ def _group_keys(store: Any, global_ranks: list[int]) -> Any:
     nth = _formed.get(members, 0)
     _formed[members] = nth + 1
     digest = hashlib.sha256(",".join(map(str, members)).encode()).hexdigest()[:24]
-    return dist.PrefixStore(f"pycomm/group/{depth}/{digest}/{nth}/", shared)
+    key = f"pycomm/group/{depth}/{digest}/{nth}/"
+    parent = backend if isinstance(backend, _C.PycommBackend) and depth == 0 else None
+    return Formation(dist.PrefixStore(key, shared), parent, key)
 
 
 def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
     """The creator torch calls for every process group of backend "pycomm"."""
     # First, before anything can fail on one rank only: every member counts this group (_group_keys).
     ranks = [int(r) for r in getattr(dist_options, "global_ranks_in_group", None) or []]
-    store = _group_keys(dist_options.store, ranks)
+    formation = _group_keys(dist_options.store, ranks)
+    store = formation.store
     if pg_options is None:
         pg_options = Options()
     if not isinstance(pg_options, Options):
@@ -149,7 +167,8 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         "debug": options.debug,
         "cost_model": load_cost_model(),
     }
-    backend = _C.PycommBackend(store, dist_options.group_rank, dist_options.group_size, config)
+    backend = _C.PycommBackend(store, dist_options.group_rank, dist_options.group_size, config,
+                               parent=formation.parent, lineage_key=formation.key, parent_ranks=ranks)
     backend._set_trace_group(str(dist_options.group_id or ""), "pycomm", ranks)
     return backend
 

@@ -54,8 +54,9 @@ def stall_pycomm_store(stall_key: str, stall_s: float) -> None:
     choose = backend._group_keys
 
     def stalling_keys(store: Any, global_ranks: list[int]) -> Any:
-        stalling = StallingStore(choose(store, global_ranks), stall_s=stall_s, stall_key=stall_key)
-        _KEEP_ALIVE.append(stalling)
-        return stalling
+        formation = choose(store, global_ranks)
+        formation.store = StallingStore(formation.store, stall_s=stall_s, stall_key=stall_key)
+        _KEEP_ALIVE.append(formation.store)
+        return formation
 
     backend._group_keys = stalling_keys

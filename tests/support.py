@@ -193,6 +193,16 @@ def assert_no_failures(
         raise AssertionError(f"{len(failures)} failed checks:\n{shown}{more}")
 
 
+def formation_keys(marker: str) -> list[str]:
+    """The keys groups formed with `marker` in their store prefix ("pycomm/group/", "pycomm/split/")
+    left in the default group's store, each without its prefix ("pycomm/addr/1")."""
+    store = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    keys = {k[k.index("pycomm/", k.index(marker) + len(marker)):] for k in store.list_keys() if marker in k}
+    return sorted(keys)
+
+
 def store_barrier(name: str, world: int, timeout_s: float = 60.0) -> None:
     """Line the ranks up in time through the rendezvous store, independently of the backend."""
     import time

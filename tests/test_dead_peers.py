@@ -139,32 +139,33 @@ def test_sigkill_peer_fails_survivors_promptly(pycomm: ModuleType, pattern: str,
     assert not problems, "\n".join(problems)
 
 
-def _stall_last_rank_before_segment(rank: int) -> None:
-    _stall_last_rank(rank, "pycomm/shm")
+def _hold_rank_1_before_host_list(rank: int) -> None:
+    _hold_before_host_list(rank, 1)
 
 
-def _stall_last_rank_before_host_list(rank: int) -> None:
-    _stall_last_rank(rank, "pycomm/host/0")
+def _hold_rank_0_before_host_list(rank: int) -> None:
+    _hold_before_host_list(rank, 0)
 
 
-def _stall_last_rank(rank: int, stall_key: str) -> None:
-    """Runs before init_process_group on every rank; the last rank (world 2: rank 1) stalls."""
-    if rank == 1:
-        stall_pycomm_store(stall_key, stall_s=6.0)
+def _hold_before_host_list(rank: int, held: int) -> None:
+    """Runs before init_process_group on every rank; rank `held` stalls before it reads the host list."""
+    if rank == held:
+        stall_pycomm_store("pycomm/host/0", stall_s=6.0)
 
 
 def _never_reached_worker(rank: int, world: int, ctl: Control) -> None:
     ctl.event("formed")
 
 
-@pytest.mark.parametrize("stall", ["before_segment", "before_host_list"])
+@pytest.mark.parametrize("held", [1, 0])
 @pytest.mark.parametrize("victim", ["creator", "joiner"])
 def test_sigkill_during_shared_memory_setup_leaves_nothing_in_dev_shm(
-    pycomm: ModuleType, victim: str, stall: str
+    pycomm: ModuleType, victim: str, held: int
 ) -> None:
-    """Rank 0 creates the segment and waits for rank 1 to map it; one of them is killed then.
-    Rank 1 is held either just before opening the segment or before it has read the host list
-    (when the creator's death, store and all, leaves it unable to learn its host index)."""
+    """The rank that is not held creates the segment and waits in the vote for the held one; one of
+    them is killed then. Held rank 1: the creator's death takes the store, and rank 1 never learns
+    its host index. Held rank 0 (the store's process): the creator dies with its segment created,
+    and rank 0 comes later to find it, opens it and must remove it."""
     shm_before = shm_pycomm_files()
     with Cluster(
         _never_reached_worker,
@@ -172,7 +173,7 @@ def test_sigkill_during_shared_memory_setup_leaves_nothing_in_dev_shm(
         env={"PYCOMM_TRANSPORT": "auto"},
         pg_timeout_s=DEAD_PEER_PG_TIMEOUT_S,
         hang_timeout_s=90,
-        before_init=_stall_last_rank_before_segment if stall == "before_segment" else _stall_last_rank_before_host_list,
+        before_init=_hold_rank_1_before_host_list if held == 1 else _hold_rank_0_before_host_list,
     ) as c:
         deadline = time.monotonic() + 60
         while not (shm_pycomm_files() - shm_before):
@@ -181,7 +182,7 @@ def test_sigkill_during_shared_memory_setup_leaves_nothing_in_dev_shm(
                 c._fail("a rank exited before a segment appeared in /dev/shm")
             time.sleep(0.02)
         segment = shm_pycomm_files() - shm_before
-        doomed = 0 if victim == "creator" else 1
+        doomed = 1 - held if victim == "creator" else held
         survivor = 1 - doomed
         c.kill(doomed)
         code, waited = c.wait_exit(survivor, timeout=DEAD_PEER_PG_TIMEOUT_S + 20)
@@ -191,7 +192,7 @@ def test_sigkill_during_shared_memory_setup_leaves_nothing_in_dev_shm(
         with contextlib.suppress(OSError):
             os.unlink(path)
     report(
-        f"SIGKILL of the {victim} during shared-memory setup (joiner held {stall}): segment {sorted(segment)}; survivor "
+        f"SIGKILL of the {victim} during shared-memory setup (rank {held} held): segment {sorted(segment)}; survivor "
         f"exited with {code} after {waited:.1f}s; left in /dev/shm: {sorted(leaked)}"
     )
     assert code is not None, f"the survivor (rank {survivor}) did not exit:\n{log[-3000:]}"

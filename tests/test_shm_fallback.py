@@ -82,4 +82,4 @@ def test_transport_shm_that_cannot_map_raises_on_every_rank(pycomm: ModuleType) 
         _private_shm_worker, 2, backend="pycomm", timeout_s=90, pg_timeout_s=20, args=("same", "shm"), destroy=False
     )
     for r in results:
-        assert "not mapped on every rank" in r["result"] and r["elapsed"] < 10, results
+        assert "do not share one /dev/shm" in r["result"] and r["elapsed"] < 10, results

@@ -7,6 +7,7 @@ parent working."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from mp import run_ranks
-from support import Failures, assert_no_failures
+from support import Failures, assert_no_failures, formation_keys
 
 TIMEOUT_S = 90
 
@@ -47,6 +48,10 @@ def parity_worker(rank: int, world: int) -> tuple[list[str], int]:
     t = torch.ones(2)
     dist.all_reduce(t)
     f.check("the parent after the split", None if torch.equal(t, torch.full((2,), float(world))) else f"{t}")
+    # The children took their secret and host ids from the parent (config.h: Lineage): the store
+    # carried only their addresses.
+    keys = formation_keys("pycomm/split/")
+    f.check("the split's store keys", None if keys and all(re.fullmatch(r"pycomm/addr/\d", k) for k in keys) else f"{keys}")
     return f.result()
 
 

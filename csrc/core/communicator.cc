@@ -5,6 +5,7 @@
 
 #include "communicator_run.h"
 #include "error.h"
+#include "transport/tcp/sha256.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace pycomm {
@@ -58,10 +59,13 @@ Communicator::Communicator(const Config& config, Store& store)
   options.linger = config.tcpLinger;
   options.unexpectedBytes = config.unexpectedBytes;
   options.logger = logger_;
+  if (config.lineage) options.token = config.lineage->token;
   auto tcp = std::make_unique<transport::tcp::TcpTransport>(options, store, ledger_);
+  token_ = tcp->token();
   links_ = tcp.get();
   transport_ = std::move(tcp);
   if (config.transport != TransportKind::kTcp && config.size > 1) setupSharedMemory(store);
+  formed_ = true;
   tasks_ = TaskQueue::start(prefix_, "collective", logger_);
   completions_ = TaskQueue::start(prefix_, "point-to-point completion", logger_);
   logger_.log(LogLevel::kInfo, strCat("connected over ", transport_->name(), ", listening on ",
@@ -77,6 +81,18 @@ Communicator::~Communicator() {
 std::chrono::milliseconds clampTimeout(std::chrono::milliseconds timeout) {
   // Not positive: what an overflow upstream leaves of a huge timeout (torch wraps timedelta.max).
   return timeout.count() <= 0 ? kMaxTimeout : std::min(timeout, kMaxTimeout);
+}
+
+Lineage Communicator::lineageFor(const std::string& key) const {
+  Lineage lineage;
+  // A keyed hash of the key: distinct for every group formed from this one, never in the store,
+  // and as hard to learn as this group's own.
+  transport::tcp::HmacSha256 mac(token_.data(), token_.size());
+  const std::string label = "pycomm-lineage|" + key;
+  mac.update(label.data(), label.size());
+  const auto digest = mac.finish();
+  std::copy_n(digest.begin(), lineage.token.size(), lineage.token.begin());
+  return lineage;
 }
 
 void Communicator::setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(clampTimeout(timeout).count()); }

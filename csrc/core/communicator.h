@@ -64,6 +64,9 @@ class Communicator {
   int rank() const { return config_.rank; }
   int size() const { return config_.size; }
   const Config& config() const { return config_; }
+  // What a group formed from this one inherits (config.h: Lineage). `key` tells apart the groups
+  // formed from this one and must be the same on every member.
+  Lineage lineageFor(const std::string& key) const;
   const Logger& logger() const { return logger_; }
 
   // Runs `task` on the worker thread after every task enqueued before it. Called from inside a
@@ -178,6 +181,18 @@ class Communicator {
   void setupSharedMemory(Store& store);
   // The body of setupSharedMemory; `segmentName(i)` names host i's segment.
   void formSharedMemoryGroups(Store& store, const std::function<std::string(int)>& segmentName);
+  // Each rank's host id as it is now: through the store (each rank publishes its own) for a group
+  // formed afresh, and as a digest over the connections for one formed from another (Lineage). A
+  // host id is not inherited: it can change under a process (PYCOMM_HOST_ID, a /dev/shm mount).
+  std::vector<std::string> hostIdsOfRanks(Store& store);
+  // An all-gather over the connections during setup, one op of one step: `rows` holds size() rows
+  // of `rowBytes`, this rank's filled in.
+  void allgatherForSetup(void* rows, size_t rowBytes, const char* what);
+  // The vote that ends shared-memory setup, over the connections (so also the barrier after which
+  // the rings may carry frames): empty if every rank mapped its host's segment, every host's ranks
+  // had one creator, and chunk_bytes is the same everywhere; otherwise why not, the same on every
+  // rank. `hostOf[q]`: rank q's host index.
+  std::string voteOnSharedMemory(bool mappedHere, bool createdHere, const std::string& why, const std::vector<int>& hostOf);
   // Runs `body(cross, host)` as one op over the hierarchy (shared memory inside this host, `cross`
   // among the ranks of this local index); returns false, having done nothing, without a hierarchy.
   template <typename Body>
@@ -199,6 +214,8 @@ class Communicator {
   OpLedger ledger_;  // the fate of each collective; outlives transport_, which reads it
   std::unique_ptr<transport::Transport> transport_;
   transport::RingLinks* links_ = nullptr;  // transport_, for moving same-host peers to rings
+  std::array<uint8_t, 16> token_{};        // the secret the connections proved (handshake.h)
+  bool formed_ = false;                    // setup is over; set before the worker starts
   std::unique_ptr<transport::shm::Group> shm_;  // ranks all on one host; null otherwise
   // Several hosts with the same number of ranks each: shared memory among this host's ranks, and
   // a view of the group with the ranks of the same local index on every host.

@@ -17,69 +17,122 @@
 namespace pycomm {
 
 void Communicator::setupSharedMemory(Store& store) {
-  const std::string mine = config_.hostId;
-  if (mine.empty()) return;
-  // A host's segment is named after the group's random token, so any rank can remove it. The token
-  // is read before this rank publishes its host id: no segment exists before every host id is
-  // published, so whenever one may exist this rank knows its name, even once the store is gone.
-  const auto token = store.get("pycomm/token", timeout());
+  if (config_.hostId.empty()) return;
   // From a hash of the token, not the token: /dev/shm names are visible to everyone on the host.
   std::vector<uint8_t> labelled = {'p', 'y', 'c', 'o', 'm', 'm', '-', 's', 'h', 'm'};
-  labelled.insert(labelled.end(), token.begin(), token.end());
+  labelled.insert(labelled.end(), token_.begin(), token_.end());
   const auto digest = transport::tcp::sha256(labelled.data(), labelled.size());
   std::string tokenHex;
   for (size_t i = 0; i < 12; ++i) tokenHex += strCat(std::hex, (digest[i] >> 4) & 0xf, digest[i] & 0xf);
   auto segmentName = [&](int hostIndex) { return strCat("/pycomm-", tokenHex, "-", hostIndex); };
+  // Rings attached to a segment the group gave up must not keep it mapped. A rank that failed
+  // before it knew its host index does not know which segment name is its host's: it removes them
+  // all (a peer that died after creating one leaves it to us).
+  auto giveUp = [&] {
+    for (int q = 0; q < size(); ++q) {
+      if (q != rank()) links_->attachRings(q, {}, {}, nullptr);
+    }
+    for (int hostIndex = 0; hostIndex < size(); ++hostIndex) transport::shm::Segment::unlinkName(segmentName(hostIndex));
+    shm_.reset();
+    hierarchy_.reset();
+  };
   try {
     formSharedMemoryGroups(store, segmentName);
   } catch (const transport::shm::SharedMemoryUnavailable& e) {
-    for (int hostIndex = 0; hostIndex < size(); ++hostIndex) transport::shm::Segment::unlinkName(segmentName(hostIndex));
+    giveUp();
     PYCOMM_CHECK(config_.transport != TransportKind::kShm, InvalidUsageError, prefix(), " transport=shm: ", e.what());
-    shm_.reset();
-    hierarchy_.reset();
+    logger_.log(LogLevel::kWarn, strCat(e.what(), ": the group runs over its connections"));
   } catch (...) {
-    // A creator that died (store and all) after creating its segment leaves it to us; a rank that
-    // failed before it knew its host index does not know which name is ours, so it removes them all.
-    for (int hostIndex = 0; hostIndex < size(); ++hostIndex) transport::shm::Segment::unlinkName(segmentName(hostIndex));
+    giveUp();
     throw;
   }
 }
 
-void Communicator::formSharedMemoryGroups(Store& store, const std::function<std::string(int)>& segmentName) {
-  const std::string mine = config_.hostId;
+void Communicator::allgatherForSetup(void* rows, size_t rowBytes, const char* what) {
+  // Every rank sends its row straight to every other: one step, all of it posted at once. A ring
+  // takes p - 1 steps one after the other, each waking the next rank, which with more ranks than
+  // cores cost as much as the store round it replaced.
+  const size_t own = static_cast<size_t>(rank()) * rowBytes;
+  std::vector<size_t> rowOf(size()), sendFrom(size(), own), bytes(size(), rowBytes);
+  for (int q = 0; q < size(); ++q) rowOf[q] = static_cast<size_t>(q) * rowBytes;
+  auto* data = static_cast<uint8_t*>(rows);
+  runCollective(makeSignature(OpKind::kAllgather, DataType::kUInt8, ReduceOp::kSum, -1, rowBytes), what,
+                [&](Op& o) { algorithms::directAlltoall(o, data, sendFrom, bytes, data, rowOf, bytes); });
+}
+
+std::vector<std::string> Communicator::hostIdsOfRanks(Store& store) {
+  const std::string& mine = config_.hostId;
+  if (config_.lineage) {
+    // Fixed-size rows: each id as its digest, which every rank compares alike.
+    std::vector<transport::tcp::Digest> digests(size());
+    digests[rank()] = transport::tcp::sha256(mine.data(), mine.size());
+    allgatherForSetup(digests.data(), sizeof(transport::tcp::Digest), "host ids");
+    std::vector<std::string> hosts(size());
+    for (int q = 0; q < size(); ++q) {
+      hosts[q] = "sha256:";
+      for (size_t i = 0; i < 16; ++i) hosts[q] += strCat(std::hex, digests[q][i] >> 4, digests[q][i] & 0xf);
+    }
+    return hosts;
+  }
   store.set(strCat("pycomm/host/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
-  // chunk_bytes cuts the shared-memory steps of the hierarchical schedules: ranks that disagree on
-  // it would pair steps of different lengths, which no signature tells apart.
-  const std::string chunk = std::to_string(config_.chunkBytes);
-  store.set(strCat("pycomm/chunk_bytes/", rank()), std::vector<uint8_t>(chunk.begin(), chunk.end()));
   std::vector<std::string> keys;
   for (int q = 0; q < size(); ++q) keys.push_back(strCat("pycomm/host/", q));
-  for (int q = 0; q < size(); ++q) keys.push_back(strCat("pycomm/chunk_bytes/", q));
   const auto values = store.getAll(keys, timeout());
   std::vector<std::string> hosts(size());
-  std::string otherChunk;
-  int otherRank = -1;
+  for (int q = 0; q < size(); ++q) hosts[q].assign(values[q].begin(), values[q].end());
+  return hosts;
+}
+
+std::string Communicator::voteOnSharedMemory(bool mappedHere, bool createdHere, const std::string& why,
+                                             const std::vector<int>& hostOf) {
+  struct Ballot {
+    uint64_t chunkBytes;
+    uint8_t mapped;
+    uint8_t created;
+    uint8_t unused[6];
+  };
+  static_assert(sizeof(Ballot) == 16, "a ballot has no padding of the compiler's");
+  std::vector<Ballot> ballots(size());
+  ballots[rank()] = Ballot{config_.chunkBytes, mappedHere, createdHere, {}};
+  allgatherForSetup(ballots.data(), sizeof(Ballot), "setup vote");
+  std::vector<int> creators(size(), 0);
+  for (int q = 0; q < size(); ++q) creators[hostOf[q]] += ballots[q].created != 0 ? 1 : 0;
+  // Every rank reads the same ballots, so all reach the same verdict (each names what it sees first).
   for (int q = 0; q < size(); ++q) {
-    hosts[q].assign(values[q].begin(), values[q].end());
-    const auto& theirs = values[size() + q];
-    if (otherRank < 0 && std::string(theirs.begin(), theirs.end()) != chunk) {
-      otherRank = q;
-      otherChunk.assign(theirs.begin(), theirs.end());
+    const Ballot& ballot = ballots[q];
+    if (ballot.mapped == 0) {
+      return strCat("rank ", q, " has no mapping", mappedHere ? "" : " (here: " + why + ")");
+    }
+    if (creators[hostOf[q]] != 1) {
+      return strCat("rank ", q, "'s host's ranks created ", creators[hostOf[q]],
+                    " segments of that name: they do not share one /dev/shm");
+    }
+    // chunk_bytes cuts the shared-memory steps of the hierarchical schedules: ranks that disagree
+    // on it would pair steps of different lengths, which no signature tells apart. The
+    // connections' frames carry their lengths, so a schedule cut differently fails there clearly.
+    if (ballot.chunkBytes != config_.chunkBytes) {
+      return strCat("chunk_bytes differs between ranks (rank ", q, ": ", ballot.chunkBytes, ", this rank: ",
+                    config_.chunkBytes, ")");
     }
   }
-  if (otherRank >= 0) {
-    // Every rank sees some disagreement, so all go without shared memory; the connections' frames
-    // carry their lengths, so a schedule cut differently fails there with a clear error.
-    logger_.log(LogLevel::kWarn, strCat("chunk_bytes differs between ranks (rank ", otherRank, ": ", otherChunk,
-                                        ", this rank: ", chunk, "): the group runs without shared memory"));
-    return;
-  }
+  return {};
+}
+
+void Communicator::formSharedMemoryGroups(Store& store, const std::function<std::string(int)>& segmentName) {
+  const std::vector<std::string> hosts = hostIdsOfRanks(store);
+  const std::string& mine = hosts[rank()];
   // Hosts in order of their first rank; each host's ranks in rank order.
   std::vector<std::string> order;
   std::map<std::string, std::vector<int>> members;
+  std::map<std::string, int> indexOf;
+  std::vector<int> hostOf(size());  // rank -> host index
   for (int q = 0; q < size(); ++q) {
-    if (members.count(hosts[q]) == 0) order.push_back(hosts[q]);
+    if (members.count(hosts[q]) == 0) {
+      indexOf[hosts[q]] = static_cast<int>(order.size());
+      order.push_back(hosts[q]);
+    }
     members[hosts[q]].push_back(q);
+    hostOf[q] = indexOf[hosts[q]];
   }
   if (config_.transport == TransportKind::kShm && order.size() != 1) {
     // Every rank sees the same host list and raises the same error. The store usually lives in rank
@@ -96,57 +149,31 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
     }
     throw InvalidUsageError(strCat(prefix(), " transport=shm needs every rank on one host, but this group spans ",
                                    order.size(), " hosts (host id of rank 0: '", hosts[0], "', of this rank: '", mine,
-                                   "'); use transport=auto for shared memory inside hosts and TCP across them"));
+                                   mine == config_.hostId ? "" : "' = '" + config_.hostId, "'); use transport=auto for shared memory inside hosts and TCP across them"));
   }
   const auto& local = members[mine];
   const int localRank = static_cast<int>(std::find(local.begin(), local.end(), rank()) - local.begin());
-  const int hostIndex = static_cast<int>(std::find(order.begin(), order.end(), mine) - order.begin());
+  const int hostIndex = hostOf[rank()];
   bool uniform = true;
   for (const auto& host : order) uniform = uniform && members[host].size() == local.size();
   if (order.size() > 1 && (!uniform || local.size() < 2)) return;  // plain TCP serves best
 
-  // Every rank runs exactly one barrier below, so sequence numbers stay equal across the group.
-  // `members` maps a host group rank to its rank in this group. Every rank attaches its rings before
-  // the barrier and moves its connections onto them after it, so a peer that reads a move frame
-  // has its rings already.
-  auto makeGroup = [&](int groupRank, int groupSize, const std::string& key, transport::Transport& barrierOver,
-                       const std::vector<int>& groupMembers) {
+  // Every rank votes exactly once below (one op), so sequence numbers stay equal across the group.
+  // `groupMembers` maps a host group rank to its rank in this group. Every rank attaches its rings
+  // before it votes and moves its connections onto them after the vote, so a peer that reads a
+  // move frame has its rings already.
+  auto makeGroup = [&](int groupRank, int groupSize, const std::vector<int>& groupMembers) {
     auto group = std::make_unique<transport::shm::SegmentGroup>(
         groupRank, groupSize, config_.shmSlotBytes, config_.shmRingBytes, segmentName(hostIndex),
-        [&](bool created) { store.set(key, {static_cast<uint8_t>(created ? 1 : 0)}); },
-        [&] { return store.get(key, timeout()) == std::vector<uint8_t>{1}; },
-        [&](bool mappedHere, const std::string& why) {
-          // Every rank of the communicator, on every host, votes once: all go without shared
-          // memory if any lacks it, so the hosts keep one shape of all-reduce.
-          const std::string mine = mappedHere ? "1" : "0" + why;
-          store.set(strCat("pycomm/shm_mapped/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
-          std::vector<std::string> ballots;
-          for (int q = 0; q < size(); ++q) ballots.push_back(strCat("pycomm/shm_mapped/", q));
-          const auto votes = store.getAll(ballots, timeout());
-          bool all = true;
-          for (int q = 0; q < size(); ++q) {
-            const auto& vote = votes[q];
-            if (!vote.empty() && vote[0] == '1') continue;
-            if (all) {
-              logger_.log(LogLevel::kInfo, strCat("rank ", q, " has no shared memory with its host's ranks (",
-                                                  std::string(vote.begin() + std::min<size_t>(vote.size(), 1), vote.end()),
-                                                  "): the group runs over its connections"));
-            }
-            all = false;
-          }
-          return all;
-        },
         [&](const transport::shm::SegmentGroup& g) {
           for (int q = 0; q < groupSize; ++q) {
             if (q != groupRank) links_->attachRings(groupMembers[q], g.ring(groupRank, q), g.ring(q, groupRank), g.memory());
           }
         },
-        [&] {
-          runCollective(makeSignature(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0), "dissemination",
-                        [&](Op& o) {
-                          Op sub(barrierOver, ledger_, o.seq(), o.signature(), o.context(), o.deadline(), timeout());
-                          algorithms::disseminationBarrier(sub);
-                        });
+        // Every rank of the communicator, on every host, votes once: all go without shared memory
+        // if any lacks it, so the hosts keep one shape of all-reduce.
+        [&](bool mappedHere, bool createdHere, const std::string& why) -> std::string {
+          return voteOnSharedMemory(mappedHere, createdHere, why, hostOf);
         },
         groupMembers);
     for (int q = 0; q < groupSize; ++q) {
@@ -155,7 +182,7 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
     return group;
   };
   if (order.size() == 1) {
-    shm_ = makeGroup(rank(), size(), "pycomm/shm", *transport_, local);
+    shm_ = makeGroup(rank(), size(), local);
     logger_.log(LogLevel::kInfo, "all ranks share this host: collectives use shared memory");
     return;
   }
@@ -166,8 +193,7 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
   for (const auto& host : order) cross.push_back(members[host][localRank]);
   for (const auto& host : order) hierarchy->grid.insert(hierarchy->grid.end(), members[host].begin(), members[host].end());
   hierarchy->cross = std::make_unique<transport::SubsetTransport>(*transport_, cross);
-  transport::SubsetTransport localView(*transport_, local);
-  hierarchy->local = makeGroup(localRank, hierarchy->localSize, strCat("pycomm/shm/", hostIndex), localView, local);
+  hierarchy->local = makeGroup(localRank, hierarchy->localSize, local);
   hierarchy_ = std::move(hierarchy);
   logger_.log(LogLevel::kInfo, strCat(order.size(), " hosts of ", local.size(),
                                       " ranks: all-reduce is hierarchical (shared memory inside a host, TCP across)"));

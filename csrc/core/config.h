@@ -2,6 +2,7 @@
 // pycomm.Options and the environment; the core never reads the environment itself.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -52,6 +53,14 @@ struct CostModel {
   }
 };
 
+// What a group formed from another one (torch's new_group from the default group, a split, a
+// shrink) takes from it instead of from a fresh rendezvous: its secret, derived from the other's.
+// Every member derives the same (Communicator::lineageFor), so none reads it from the store; such
+// a group also exchanges its ranks' host ids over its new connections rather than the store.
+struct Lineage {
+  std::array<uint8_t, 16> token{};
+};
+
 struct Config {
   int rank = 0;
   int size = 1;
@@ -82,6 +91,8 @@ struct Config {
   // When set, fp32 all-reduce (SUM/AVG), reduce-scatter and all-gather travel compressed.
   std::optional<codecs::Codec> compression;
   LogLevel logLevel = LogLevel::kWarn;
+  // Set for a group formed from another (see Lineage); a group formed afresh has none.
+  std::optional<Lineage> lineage;
 };
 
 const char* algorithmName(Algorithm algorithm);

@@ -52,6 +52,10 @@ class PycommBackend final : public ::c10d::Backend {
   ::c10d::ErrorType getError() override;
   // The ranks this rank lost, waited for past the timeout, or heard lost from a peer (ascending).
   std::vector<int> failedRanks() const { return comm_->lostRanks(); }
+  // What the group of `size` ranks in which this rank is `rank`, formed from this one, inherits
+  // (config.h: Lineage); `members` are its ranks in this group. Checks that the members are this
+  // group's ranks and name this rank at `rank`.
+  Lineage lineageFor(const std::string& key, int rank, int size, const std::vector<int>& members) const;
   // How many shrinks made this group from one torch created (0 for that one).
   int shrinkDepth() const { return shrinkDepth_; }
   void setTimeout(std::chrono::milliseconds timeout) override;

@@ -155,13 +155,18 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<PycommBackend, ::c10d::Backend, c10::intrusive_ptr<PycommBackend>>(m, "PycommBackend")
       .def(py::init([](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
-                       const py::dict& config) {
+                       const py::dict& config, const PycommBackend* parent, const std::string& lineageKey,
+                       const std::vector<int>& parentRanks) {
              Config parsed = parseConfig(rank, size, config);
+             if (parent != nullptr) parsed.lineage = parent->lineageFor(lineageKey, rank, size, parentRanks);
              // Connecting waits for every rank; other Python threads keep running meanwhile.
              py::gil_scoped_release release;
              return c10::make_intrusive<PycommBackend>(store, parsed);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("config"))
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("config"), py::kw_only(),
+           py::arg("parent") = nullptr, py::arg("lineage_key") = "", py::arg("parent_ranks") = std::vector<int>{},
+           "A group of `size` ranks formed through `store`; one formed from `parent` (its ranks there: "
+           "`parent_ranks`, `lineage_key` the same on every member) derives its secret from the parent's.")
       .def("set_algorithm", &PycommBackend::setAlgorithm, py::arg("algorithm"),
            "Use this all-reduce algorithm for the ops issued after this call.")
       // Without the GIL: a group's first CUDA op waits for the worker (the NCCL route decision),

@@ -32,10 +32,12 @@ c10::intrusive_ptr<::c10d::Backend> PycommBackend::shrink(const std::vector<int6
   if (optsOverride) next.timeout = clampTimeout(optsOverride->timeout);
   // Keys of their own for each shrink of this group, under the group's store: a second shrink
   // (after a failed one, or of a group made by a shrink) never reads an earlier one's keys.
-  auto store = c10::make_intrusive<::c10d::PrefixStore>(strCat("pycomm/shrink/", shrinks_++), store_);
+  const std::string key = strCat("pycomm/shrink/", shrinks_++);
+  auto store = c10::make_intrusive<::c10d::PrefixStore>(key, store_);
   C10dStore adapter(store);
   // The survivors see the failure at times up to a timeout and a probe apart: room for that.
   agreeOnShrink(adapter, "", plan, rank_, next.timeout + std::chrono::seconds(10), context);
+  next.lineage = lineageFor(key, next.rank, next.size, plan.survivors);
   // After the agreement: aborting closes this rank's connections, which a survivor that had not
   // read its lost ranks yet would count as this rank lost.
   if ((shrinkFlags & kShrinkAbort) != 0) {

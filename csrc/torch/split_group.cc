@@ -38,11 +38,25 @@ c10::intrusive_ptr<::c10d::Backend> PycommBackend::split(const c10::intrusive_pt
   // Keys of its own for each child: torch hands every child of one split the same store, so two
   // children formed at once (split by parity) read each other's addresses without a prefix. Every
   // rank of the parent splits the same number of times (split_group is collective over it).
-  auto keys = c10::make_intrusive<::c10d::PrefixStore>(strCat("pycomm/split/", splits_++, "/", next.groupName), store);
+  const std::string key = strCat("pycomm/split/", splits_++, "/", next.groupName);
+  auto keys = c10::make_intrusive<::c10d::PrefixStore>(key, store);
+  next.lineage = lineageFor(key, next.rank, next.size, sorted);
   auto child = c10::make_intrusive<PycommBackend>(keys, next);
   child->setTraceGroup(next.groupName, opts && !opts->group_desc.empty() ? opts->group_desc : "pycomm",
                        globalRanksOf(sorted));
   return child;
+}
+
+Lineage PycommBackend::lineageFor(const std::string& key, int rank, int size, const std::vector<int>& members) const {
+  PYCOMM_CHECK(size >= 1 && members.size() == static_cast<size_t>(size) && rank >= 0 && rank < size &&
+                   members[static_cast<size_t>(rank)] == rank_,
+               InvalidUsageError, "[rank ", rank_, "/", size_, "] a group formed from this one must name its ", size,
+               " ranks in this group, this rank as its rank ", rank, "; got ", describeRanks(members));
+  for (int member : members) {
+    PYCOMM_CHECK(member >= 0 && member < size_, InvalidUsageError, "[rank ", rank_, "/", size_, "] rank ", member,
+                 " of a group formed from this one is not in this group");
+  }
+  return comm_->lineageFor(key);
 }
 
 c10::intrusive_ptr<::c10d::Backend::Options> PycommBackend::getBackendOptions() {

@@ -60,11 +60,17 @@ size_t grownReservation(size_t reserved, size_t reach, size_t limit) {
 
 void Segment::unlinkName(const std::string& name) { ::shm_unlink(name.c_str()); }
 
-Segment Segment::create(const std::string& name, size_t bytes) {
+Segment Segment::createOrOpen(const std::string& name, size_t bytes, bool* created) {
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  *created = fd >= 0;
+  if (fd >= 0) return create(fd, name, bytes);
+  PYCOMM_CHECK(errno == EEXIST, RemoteError, "shm_open(", name, ") failed: ", std::strerror(errno));
+  return open(name, bytes);
+}
+
+Segment Segment::create(int fd, const std::string& name, size_t bytes) {
   Segment s;
   s.name_ = name;
-  int fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  PYCOMM_CHECK(fd >= 0, RemoteError, "shm_open(", s.name_, ") failed: ", std::strerror(errno));
   s.owner_ = true;
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const int err = errno;
@@ -109,10 +115,14 @@ Segment Segment::open(const std::string& name, size_t bytes) {
   s.name_ = name;
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   PYCOMM_CHECK(fd >= 0, RemoteError, "shm_open(", name, ") failed: ", std::strerror(errno));
-  // A shorter file (not the creator's segment, or one cut short) would fault with SIGBUS on the
-  // first touch past its end: refuse it here.
+  // Empty: the creator has not sized it yet, and sizes it to the same length. A shorter file (not
+  // the creator's segment, or one cut short) would fault with SIGBUS on the first touch past its
+  // end: refuse it here.
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < bytes) {
+  if (::fstat(fd, &st) == 0 && st.st_size == 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    st.st_size = static_cast<off_t>(bytes);
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < bytes) {
     ::close(fd);
     throw RemoteError(strCat("shared memory ", name, " has ", st.st_size, " B, expected ", bytes, " B"));
   }

@@ -1,7 +1,8 @@
 // A POSIX shared-memory segment, mapped for the object's lifetime.
 //
-// The name comes from the group's random token; peers open it by that name; once every rank has mapped it the
-// creator unlinks the name, so nothing is left in /dev/shm even if a process is killed later. The
+// The name comes from the group's secret token; the rank that comes first creates it and the others
+// open it, so that no rank waits for another to create it; once every rank has mapped it the ranks
+// unlink the name, so nothing is left in /dev/shm even if a process is killed later. The creator's
 // destructor unlinks too, for a group whose setup failed before that point.
 //
 // A fresh segment takes no memory: the ranks reserve its pages themselves (reservePages), each the
@@ -31,9 +32,10 @@ size_t grownReservation(size_t reserved, size_t reach, size_t limit);
 
 class Segment {
  public:
-  // `name` is derived from the group (so every rank can remove it if the creator dies early).
-  static Segment create(const std::string& name, size_t bytes);
-  static Segment open(const std::string& name, size_t bytes);
+  // Creates the segment `name` of `bytes` (*created = true) or, where it exists, opens it. `name`
+  // is derived from the group (so every rank can remove it if the creator dies early). Ranks that
+  // each created a segment of that name were in different /dev/shm: their group counts creators.
+  static Segment createOrOpen(const std::string& name, size_t bytes, bool* created);
   Segment() = default;
   ~Segment();
   Segment(Segment&& other) noexcept;
@@ -51,6 +53,8 @@ class Segment {
 
  private:
   void release();
+  static Segment create(int fd, const std::string& name, size_t bytes);
+  static Segment open(const std::string& name, size_t bytes);
 
   void* base_ = nullptr;
   size_t size_ = 0;

@@ -30,10 +30,8 @@ OpSignature unpack(uint64_t head, uint64_t count) {
 }  // namespace
 
 SegmentGroup::SegmentGroup(int rank, int size, size_t slotBytes, size_t ringBytes, const std::string& name,
-                           const std::function<void(bool)>& published, const std::function<bool()>& awaitCreated,
-                           const std::function<bool(bool, const std::string&)>& agree,
                            const std::function<void(const SegmentGroup&)>& mapped,
-                           const std::function<void()>& allMapped, std::vector<int> members)
+                           const std::function<std::string(bool, bool, const std::string&)>& agree, std::vector<int> members)
     : Group(rank, size, alignUp(slotBytes)),
       // p * p rings: larger groups get smaller rings, so that they take 16 MiB at most.
       ringBytes_(std::min(ringBytes, std::max<size_t>(256 * 1024, (16u << 20) / (static_cast<size_t>(size) * size)))),
@@ -47,26 +45,19 @@ SegmentGroup::SegmentGroup(int rank, int size, size_t slotBytes, size_t ringByte
       slotsOffset() + size * 4 * this->slotBytes() + size * size * alignUp(Ring::bytesFor(ringBytes_));
   try {
     std::string why;  // why this rank has no mapping
-    if (rank == 0) {
-      try {
-        segment_ = std::make_shared<Segment>(Segment::create(name, bytes));
-        // What every rank touches before anyone writes to it: the controls.
-        const std::string failed = reservePages(segment_->data(), slotsOffset());
-        PYCOMM_CHECK(failed.empty(), RemoteError, failed, " (the controls of ", name, ")");
+    bool created = false;
+    try {
+      segment_ = std::make_shared<Segment>(Segment::createOrOpen(name, bytes, &created));
+      // What every rank touches before anyone writes to it: the controls. Nobody writes to them
+      // before `agree` returns, so the creator lays them out in the meantime.
+      const std::string failed = reservePages(segment_->data(), slotsOffset());
+      PYCOMM_CHECK(failed.empty(), RemoteError, failed, " (the controls of ", name, ")");
+      if (created) {
         new (segment_->data()) GroupState();
         for (int q = 0; q < size; ++q) new (segment_->data() + kControlsOffset + q * sizeof(Control)) Control();
-      } catch (const RemoteError& e) {
-        why = e.what();
       }
-      published(why.empty());
-    } else if (!awaitCreated()) {
-      why = "the group's first rank on this host could not create the segment";
-    } else {
-      try {
-        segment_ = std::make_shared<Segment>(Segment::open(name, bytes));
-      } catch (const RemoteError& e) {
-        why = e.what();  // another /dev/shm than the creator's, say (a container of its own)
-      }
+    } catch (const RemoteError& e) {
+      why = e.what();  // /dev/shm full, say
     }
     // Each rank reserves the start of every ring it writes (the header its consumer polls, and
     // room for the first frames); the rest as it writes (Ring::reserveFor), and its slots as its
@@ -75,17 +66,20 @@ SegmentGroup::SegmentGroup(int rank, int size, size_t slotBytes, size_t ringByte
     for (int q = 0; q < size && why.empty(); ++q) {
       if (q != rank) why = reservePages(ringBase(rank, q), std::min(Ring::bytesFor(ringBytes_), kReserveGrain));
     }
-    if (!agree(why.empty(), why)) {
-      throw SharedMemoryUnavailable(strCat("shared memory ", name, " is not mapped on every rank",
-                                           why.empty() ? "" : " (here: " + why + ")"));
+    if (why.empty()) {
+      setSlots(segment_->data() + slotsOffset());
+      mapped(*this);
     }
-    setSlots(segment_->data() + slotsOffset());
-    mapped(*this);
-    allMapped();
+    if (const std::string disagreement = agree(why.empty(), created, why); !disagreement.empty()) {
+      throw SharedMemoryUnavailable(strCat("shared memory ", name, " is not shared by every rank: ", disagreement));
+    }
   } catch (...) {
     Segment::unlinkName(name);
     throw;
   }
+  // Every rank has opened it (each voted after it had): any rank may remove the name now, and each
+  // does, so that a creator killed right after the vote leaves nothing behind.
+  Segment::unlinkName(name);
   segment_->unlink();
 }
 

@@ -33,17 +33,17 @@ class SharedMemoryUnavailable : public RemoteError {
 
 class SegmentGroup final : public Group {
  public:
-  // Rank 0 creates the segment `name` and says whether it could through `published`; the others
-  // learn it in `awaitCreated` and map it. Each then tells `agree` whether it has the mapping, which
-  // returns whether every rank of the communicator has one (otherwise SharedMemoryUnavailable is
-  // thrown on every rank); then `mapped` (to attach the rings). `allMapped` must return once every
-  // rank has; then the name is unlinked. If setup fails anywhere, every rank removes the name, so
-  // a creator that died leaves no file behind. `members` names each group rank's rank in the
-  // communicator, for messages.
+  // Every rank creates the segment `name` or, where another came first, opens it: no rank waits
+  // for another here. A rank that has it attaches its rings (`mapped`). Then each tells `agree`
+  // whether it has the mapping, why not, and whether it created the segment; `agree` returns once
+  // every rank of the communicator has told it: empty if every rank has a mapping and each host's
+  // ranks had exactly one creator (two: their /dev/shm differ), otherwise why not, and
+  // SharedMemoryUnavailable is thrown on every rank. Every rank then unlinks the name (all have
+  // opened it). If setup fails anywhere, every rank removes the name, so a creator that died leaves
+  // no file behind. `members` names each group rank's rank in the communicator, for messages.
   SegmentGroup(int rank, int size, size_t slotBytes, size_t ringBytes, const std::string& name,
-               const std::function<void(bool created)>& published, const std::function<bool()>& awaitCreated,
-               const std::function<bool(bool mappedHere, const std::string& why)>& agree,
-               const std::function<void(const SegmentGroup&)>& mapped, const std::function<void()>& allMapped,
+               const std::function<void(const SegmentGroup&)>& mapped,
+               const std::function<std::string(bool mappedHere, bool createdHere, const std::string& why)>& agree,
                std::vector<int> members = {});
 
   // The ring that carries bytes from group rank `from` to group rank `to`.

@@ -56,7 +56,8 @@ Socket connectToPeer(int rank, int size, int peer, const Endpoint& endpoint, con
 }  // namespace
 
 GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store& store,
-                          std::chrono::milliseconds timeout, const Logger& logger) {
+                          std::chrono::milliseconds timeout, const Logger& logger,
+                          const std::optional<Token>& inherited) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   GroupSockets group;
   group.peers.resize(size);
@@ -67,18 +68,21 @@ GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store
   const std::string selfText = self.str();
   store.set(addressKey(rank), std::vector<uint8_t>(selfText.begin(), selfText.end()));
 
-  Token token{};
-  if (rank == 0) {
+  Token& token = group.token;
+  const bool readToken = !inherited && rank != 0;
+  if (inherited) {
+    token = *inherited;
+  } else if (rank == 0) {
     token = makeToken();
     store.set(kTokenKey, std::vector<uint8_t>(token.begin(), token.end()));
   }
   // The token and every lower rank's address, read at once (every rank publishes its address
   // before it waits for anything).
   std::vector<std::string> keys;
-  if (rank != 0) keys.push_back(kTokenKey);
+  if (readToken) keys.push_back(kTokenKey);
   for (int peer = 0; peer < rank; ++peer) keys.push_back(addressKey(peer));
   const auto values = store.getAll(keys, timeout);
-  if (rank != 0) {
+  if (readToken) {
     const auto& bytes = values[0];
     PYCOMM_CHECK(bytes.size() == token.size(), InternalError, "group token has ", bytes.size(), " bytes");
     std::memcpy(token.data(), bytes.data(), token.size());
@@ -87,7 +91,7 @@ GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store
   // Connect to every lower rank. A lower rank answers only once it has finished its own connects,
   // which by induction always happens: rank 0 answers at once.
   for (int peer = 0; peer < rank; ++peer) {
-    const auto& text = values[1 + peer];
+    const auto& text = values[(readToken ? 1 : 0) + peer];
     const Endpoint endpoint = Endpoint::parse(std::string(text.begin(), text.end()));
     group.peers[peer] = connectToPeer(rank, size, peer, endpoint, token, deadline);
   }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,10 +23,14 @@ namespace pycomm::transport::tcp {
 struct GroupSockets {
   Socket listener;                 // kept open to turn strangers away after setup
   std::vector<Socket> peers;       // peers[rank] is invalid for our own rank
+  Token token{};                   // the secret the connections proved
 };
 
 // Rendezvous through `store` and connect every pair. Throws TimeoutError naming the missing ranks.
+// The group's secret is `inherited` when given (every rank derived the same one from the group it
+// was formed from, config.h: Lineage); otherwise rank 0 draws one and publishes it in the store.
 GroupSockets connectGroup(int rank, int size, const std::string& bindHost, Store& store,
-                          std::chrono::milliseconds timeout, const Logger& logger);
+                          std::chrono::milliseconds timeout, const Logger& logger,
+                          const std::optional<Token>& inherited = std::nullopt);
 
 }  // namespace pycomm::transport::tcp

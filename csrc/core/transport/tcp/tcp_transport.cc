@@ -31,7 +31,8 @@ TcpTransport::TcpTransport(const TcpOptions& options, Store& store, OpLedger& le
       matcher_(rank_, size_, context_, options.unexpectedBytes, ledger) {
   connections_.resize(size_);
   if (size_ > 1) {
-    GroupSockets group = connectGroup(rank_, size_, options.bindHost, store, timeout_, logger_);
+    GroupSockets group = connectGroup(rank_, size_, options.bindHost, store, timeout_, logger_, options.token);
+    token_ = group.token;
     listener_ = std::move(group.listener);
     loop_.add(listener_.fd(), kListenerTag);
     for (int r = 0; r < size_; ++r) {

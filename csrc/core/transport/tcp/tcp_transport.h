@@ -29,6 +29,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@
 #include "completion.h"
 #include "connection.h"
 #include "event_loop.h"
+#include "hello.h"
 #include "matcher.h"
 #include "socket.h"
 
@@ -57,6 +59,8 @@ struct TcpOptions {
   // misbehaving) are held per peer; past it the peer is failed (Config::unexpectedBytes).
   uint64_t unexpectedBytes = uint64_t{4} << 30;
   Logger logger;
+  // The group's secret, when it was derived from another group's (handshake.h: connectGroup).
+  std::optional<Token> token;
 };
 
 class TcpTransport final : public Transport, public RingLinks {
@@ -68,6 +72,9 @@ class TcpTransport final : public Transport, public RingLinks {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* name() const override { return "tcp"; }
+  // The secret this group's connections proved (handshake.h), from which groups formed from this
+  // one derive theirs (Communicator::lineageFor) and its shared memory takes its names.
+  const Token& token() const { return token_; }
 
   std::shared_ptr<Request> isend(int peer, const FrameInfo& info, const void* data, size_t nbytes) override;
   std::shared_ptr<Request> irecv(int peer, const FrameInfo& info, void* data, size_t nbytes) override;
@@ -169,6 +176,7 @@ class TcpTransport final : public Transport, public RingLinks {
 
   OpLedger& ledger_;  // told of timeouts (judgeTimeout); the matcher judges frames by it
   WireCounters counters_;
+  Token token_{};
   Socket listener_;
   EventLoop loop_;
   Matcher matcher_;
