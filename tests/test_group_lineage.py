@@ -68,14 +68,8 @@ def _lineage_worker(rank: int, world: int, child_transport: str) -> tuple[list[s
 
 @pytest.mark.parametrize(("parent_transport", "world"), [("auto", 3), ("tcp", 4)])
 def test_subgroups_inherit_their_secret_and_read_only_addresses(parent_transport: str, world: int) -> None:
-    results = run_ranks(
-        _lineage_worker,
-        world,
-        backend="pycomm",
-        timeout_s=TIMEOUT_S,
-        env={"PYCOMM_TRANSPORT": parent_transport},
-        args=("auto",),
-    )
+    results = run_ranks(_lineage_worker, world, backend="pycomm", timeout_s=TIMEOUT_S,
+                        env={"PYCOMM_TRANSPORT": parent_transport}, args=("auto",))
     assert_no_failures(results)
 
 
