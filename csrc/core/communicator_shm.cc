@@ -15,15 +15,23 @@
 #include "transport/tcp/sha256.h"
 
 namespace pycomm {
+namespace {
+
+// The first `bytes` bytes of a digest in hex: for names and keys that are compared, not read.
+std::string hexPrefix(const transport::tcp::Digest& digest, size_t bytes) {
+  std::string hex;
+  for (size_t i = 0; i < bytes; ++i) hex += strCat(std::hex, digest[i] >> 4, digest[i] & 0xf);
+  return hex;
+}
+
+}  // namespace
 
 void Communicator::setupSharedMemory(Store& store) {
   if (config_.hostId.empty()) return;
   // From a hash of the token, not the token: /dev/shm names are visible to everyone on the host.
   std::vector<uint8_t> labelled = {'p', 'y', 'c', 'o', 'm', 'm', '-', 's', 'h', 'm'};
   labelled.insert(labelled.end(), token_.begin(), token_.end());
-  const auto digest = transport::tcp::sha256(labelled.data(), labelled.size());
-  std::string tokenHex;
-  for (size_t i = 0; i < 12; ++i) tokenHex += strCat(std::hex, (digest[i] >> 4) & 0xf, digest[i] & 0xf);
+  const std::string tokenHex = hexPrefix(transport::tcp::sha256(labelled.data(), labelled.size()), 12);
   auto segmentName = [&](int hostIndex) { return strCat("/pycomm-", tokenHex, "-", hostIndex); };
   // Rings attached to a segment the group gave up must not keep it mapped. A rank that failed
   // before it knew its host index does not know which segment name is its host's: it removes them
@@ -68,10 +76,7 @@ std::vector<std::string> Communicator::hostIdsOfRanks(Store& store) {
     digests[rank()] = transport::tcp::sha256(mine.data(), mine.size());
     allgatherForSetup(digests.data(), sizeof(transport::tcp::Digest), "host ids");
     std::vector<std::string> hosts(size());
-    for (int q = 0; q < size(); ++q) {
-      hosts[q] = "sha256:";
-      for (size_t i = 0; i < 16; ++i) hosts[q] += strCat(std::hex, digests[q][i] >> 4, digests[q][i] & 0xf);
-    }
+    for (int q = 0; q < size(); ++q) hosts[q] = "sha256:" + hexPrefix(digests[q], 16);
     return hosts;
   }
   store.set(strCat("pycomm/host/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
@@ -127,10 +132,7 @@ void Communicator::formSharedMemoryGroups(Store& store, const std::function<std:
   std::map<std::string, int> indexOf;
   std::vector<int> hostOf(size());  // rank -> host index
   for (int q = 0; q < size(); ++q) {
-    if (members.count(hosts[q]) == 0) {
-      indexOf[hosts[q]] = static_cast<int>(order.size());
-      order.push_back(hosts[q]);
-    }
+    if (indexOf.emplace(hosts[q], static_cast<int>(order.size())).second) order.push_back(hosts[q]);
     members[hosts[q]].push_back(q);
     hostOf[q] = indexOf[hosts[q]];
   }
