@@ -10,7 +10,14 @@ import torch  # noqa: F401  (loads libtorch, which the extension links against)
 from pycomm import _C
 from pycomm.backend import register
 from pycomm import hooks
-from pycomm.collectives import all_reduce, bucketed_all_reduce, monitored_barrier, set_algorithm, stats
+from pycomm.collectives import (
+    all_reduce,
+    bucketed_all_reduce,
+    direct_all_reduce,
+    monitored_barrier,
+    set_algorithm,
+    stats,
+)
 from pycomm.faults import failed_ranks
 from pycomm.flight_recorder import dump_flight_recorder, flight_recorder_entries
 from pycomm.options import Options
@@ -20,6 +27,7 @@ __all__ = [
     "all_reduce",
     "bucketed_all_reduce",
     "cuda_available",
+    "direct_all_reduce",
     "dump_flight_recorder",
     "failed_ranks",
     "flight_recorder_entries",

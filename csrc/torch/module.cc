@@ -185,6 +185,15 @@ PYBIND11_MODULE(_C, m) {
            "The group's name and global ranks in the flight recorder's dumps.")
       .def_property_readonly("global_rank", &PycommBackend::globalRank,
                              "This process's rank in the default group (the dump file's suffix).")
+      // benchmarks/small_message_anatomy.py: the direct all-reduce with no torch dispatch around it.
+      .def("_time_direct_all_reduce", [](PycommBackend& backend, const at::Tensor& tensor, int64_t iters) {
+             py::gil_scoped_release release;
+             const ::c10d::ReduceOp sum(::c10d::ReduceOp::SUM);
+             const auto start = std::chrono::steady_clock::now();
+             for (int64_t i = 0; i < iters; ++i) backend.allreduceDirect(tensor, sum);
+             return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+           }, py::arg("tensor"), py::arg("iters"),
+           "Seconds that `iters` SUM all-reduces of `tensor` take, called in a loop from C++.")
       .def("failed_ranks", &PycommBackend::failedRanks,
            "The group ranks this rank lost, waited for past the timeout, or heard lost from a peer.")
       .def("stats", [](const PycommBackend& backend) {

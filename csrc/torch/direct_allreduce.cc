@@ -1,0 +1,108 @@
+// torch.ops.pycomm.direct_all_reduce_: a synchronous in-place all-reduce on a pycomm group, for
+// programs that call it in a tight loop (tensor-parallel inference on CPU). It skips what
+// dist.all_reduce costs besides the exchange: torch's Python wrapper, the c10d op, the Work and its
+// future. What it keeps: the same checks and reduction as dist.all_reduce (so the same bits), the
+// group's issue order (it runs on the caller's thread when the group's worker is idle, else queues
+// behind the ops issued before it and waits), and the core's per-op agreement, timeout and failure
+// reports. It records no flight-recorder entry and no profiler event.
+//
+// The schema marks the tensor as written, and a Meta kernel gives torch.compile the shape: the op
+// traces as one node and runs this kernel.
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/library.h>
+
+#include <condition_variable>
+#include <mutex>
+
+#include "backend.h"
+#include "bucketed_allreduce.h"
+
+namespace pycomm::torch_adapter {
+namespace {
+
+::c10d::ReduceOp reduceOpNamed(c10::string_view name) {
+  static const std::pair<const char*, ::c10d::ReduceOp::RedOpType> kOps[] = {
+      {"sum", ::c10d::ReduceOp::SUM}, {"avg", ::c10d::ReduceOp::AVG},   {"product", ::c10d::ReduceOp::PRODUCT},
+      {"min", ::c10d::ReduceOp::MIN}, {"max", ::c10d::ReduceOp::MAX},   {"band", ::c10d::ReduceOp::BAND},
+      {"bor", ::c10d::ReduceOp::BOR}, {"bxor", ::c10d::ReduceOp::BXOR},
+  };
+  for (const auto& [known, op] : kOps) {
+    if (name == known) return ::c10d::ReduceOp(op);
+  }
+  TORCH_CHECK_VALUE(false, "pycomm direct_all_reduce_: unknown reduce op '", name,
+                    "' (valid: sum, avg, product, min, max, band, bor, bxor)");
+}
+
+PycommBackend& pycommBackendOf(c10::string_view groupName) {
+  const auto group = ::c10d::resolve_process_group(std::string(groupName));
+  const auto backend = group->getBackend(c10::DeviceType::CPU);
+  auto* pycomm = dynamic_cast<PycommBackend*>(backend.get());
+  TORCH_CHECK_VALUE(pycomm != nullptr, "pycomm direct_all_reduce_: group '", groupName, "' runs ",
+                    backend->getBackendName(), " on the CPU, not pycomm");
+  return *pycomm;
+}
+
+at::Tensor& directAllreduceCpu(at::Tensor& self, c10::string_view reduceOp, c10::string_view groupName) {
+  pycommBackendOf(groupName).allreduceDirect(self, reduceOpNamed(reduceOp));
+  return self;
+}
+
+at::Tensor& directAllreduceMeta(at::Tensor& self, c10::string_view, c10::string_view) { return self; }
+
+// Where the caller waits when the op queued behind others: the worker sets it.
+struct Outcome {
+  std::mutex mutex;
+  std::condition_variable done;
+  bool finished = false;
+  std::exception_ptr error;
+};
+
+}  // namespace
+
+void PycommBackend::allreduceDirect(const at::Tensor& tensor, const ::c10d::ReduceOp& reduceOp) {
+  ReduceSpec spec;
+  DataType dtype = DataType::kFloat32;
+  std::optional<codecs::Codec> codec;
+  try {
+    const Validator v(rank_, size_, "direct_all_reduce_");
+    TORCH_CHECK_VALUE(tensor.defined() && tensor.device().is_cpu(), v.where(),
+                      "takes a CPU tensor (dist.all_reduce takes the others)");
+    v.tensor(tensor);
+    spec = v.reduceSpec(reduceOp, tensor);
+    dtype = v.reducible(tensor);
+    codec = compressionFor(comm_->config(), tensor.scalar_type(), &reduceOp);
+  } catch (const std::exception& error) {
+    rejectOnPeers(error);  // the peers' op fails at once, as for dist.all_reduce
+    throw;
+  }
+  auto outcome = std::make_shared<Outcome>();
+  comm_->runOrEnqueue([outcome, tensor, dtype, spec, codec, comm = comm_] {
+    try {
+      const at::AutoDispatchBelowADInplaceOrView belowAutograd;  // as PycommBackend::submit's tasks
+      allreduceNow(*comm, tensor, dtype, spec, codec);
+    } catch (const std::exception&) {
+      outcome->error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(outcome->mutex);
+      outcome->finished = true;
+    }
+    outcome->done.notify_all();
+  });
+  {
+    // Queued tasks always run, even after an abort (they fail at once then), so this ends.
+    std::unique_lock<std::mutex> lock(outcome->mutex);
+    outcome->done.wait(lock, [&] { return outcome->finished; });
+  }
+  if (outcome->error) std::rethrow_exception(outcome->error);
+}
+
+TORCH_LIBRARY(pycomm, m) {
+  m.def("direct_all_reduce_(Tensor(a!) self, str reduce_op, str group_name) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(pycomm, CPU, m) { m.impl("direct_all_reduce_", &directAllreduceCpu); }
+
+TORCH_LIBRARY_IMPL(pycomm, Meta, m) { m.impl("direct_all_reduce_", &directAllreduceMeta); }
+
+}  // namespace pycomm::torch_adapter
