@@ -144,6 +144,7 @@ def pattern(rank: int, count: int) -> np.ndarray:
 
 
 def wrong_elements(peer: Peer, count: int) -> int:
+    """This rank's elements that differ from the float64 sum (the caller takes the worst rank's)."""
     buf = peer.buffer(pattern(peer.rank, count))
     peer.allreduce(buf)
     expected = sum(pattern(r, count) for r in range(peer.world))

@@ -82,6 +82,18 @@ def available(peer: str) -> str | None:
     return None
 
 
+def collect(case: Case, procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{case.label}: no result within {timeout} s")
+    return outs
+
+
 def launch(case: Case, world: int, transport: str, mpi_btl: str, sizes: str, args: argparse.Namespace,
            port: int) -> dict:
     common = ["--peer", case.peer, "--transport", transport, "--sizes", sizes, "--target", str(args.target),
@@ -100,14 +112,14 @@ def launch(case: Case, world: int, transport: str, mpi_btl: str, sizes: str, arg
                                   env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for r in range(world)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=args.launch_timeout))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"{case.label}: no result within {args.launch_timeout} s")
+    try:
+        outs = collect(case, procs, args.launch_timeout)
+    finally:
+        if case.peer == "deepspeed":
+            # DeepSpeed leaves its buffers in /dev/shm, named by address and port; a later launch on
+            # the same port would find them and wait for ranks that are gone.
+            for leftover in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_127.0.0.1_{port}_*"):
+                leftover.unlink(missing_ok=True)
     if any(p.returncode != 0 for p in procs):
         tail = "\n".join(err.strip().splitlines()[-1] if err.strip() else "" for _, err in outs)
         raise RuntimeError(f"{case.label} at world {world} ({transport}) failed:\n{tail}")
@@ -167,7 +179,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--target", type=float, default=0.2, help="timed seconds per size, peer and round")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--launch-timeout", type=float, default=600)
+    parser.add_argument("--launch-timeout", type=float, default=300)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.install:
@@ -210,7 +222,8 @@ def main() -> int:
                 results[case.label].append(result)
                 bad = {k: v for k, v in result["wrong"].items() if v}
                 if bad:
-                    print(f"{case.label} {config}: WRONG results {bad}", flush=True)
+                    print(f"{case.label} {config}: WRONG results (size: elements wrong on the worst rank) {bad}",
+                          flush=True)
                     failed = True
                 print(f"{config} round {r + 1} {case.label}: " +
                       " ".join(f"{label_size(int(k))}={v:.1f}us" for k, v in result["us"].items()), flush=True)

@@ -4,17 +4,21 @@ rank 0's wall time per call over a loop, median of `--repeats` loops):
     torch floor     dist.all_reduce on torch's `fake` backend, whose ops complete at once: torch's
                     Python wrapper, its dispatcher, the c10d op and a Work
     dist, world N   dist.all_reduce on pycomm
+    dist, no FR     the same with the flight recorder off (TORCH_FR_BUFFER_SIZE=0)
+    Work loop       PycommBackend::allreduce and Work::wait looped in C++ (_time_work_all_reduce):
+                    pycomm's c10d entry, its op descriptor, Work and flight-recorder entry, the op
     direct op       torch.ops.pycomm.direct_all_reduce_ (no Python wrapper, no c10d, no Work)
-    C++ loop        the same call looped in C++ (PycommBackend._time_direct_all_reduce): pycomm's
+    C++ loop        the direct call looped in C++ (PycommBackend._time_direct_all_reduce): pycomm's
                     checks, the core's op and the exchange, with no torch dispatch at all
 
 At world 1 the core sends nothing, so the C++ loop there is pycomm's own per-op cost, and world N
 minus world 1 is the exchange (and the reduction). The differences between layers are the parts:
-dispatch of a torch op (direct op - C++ loop), torch's c10d path, the Work and its future (dist -
-direct op - what the floor's wrapper costs beyond a torch op).
+pycomm's Work path (Work loop - C++ loop), of which the flight recorder (dist - dist, no FR), the
+dispatch of a torch op (direct op - C++ loop), and torch's Python wrapper, dispatcher and c10d op
+(dist - Work loop, which the floor also pays). `--base CHECKOUT` adds that checkout's dist.all_reduce.
 
     python3 benchmarks/small_message_anatomy.py [--worlds 1,2,4] [--transport shm] [--bytes 4096]
-        [--iters 20000] [--repeats 5] [--perf OUT.txt]
+        [--iters 20000] [--repeats 5] [--base CHECKOUT] [--perf OUT.txt]
 
 `--perf` also samples rank 0 of the world-2 dist.all_reduce loop with `perf record` and writes the
 symbols with the most samples, grouped by library, to OUT.txt.
@@ -44,7 +48,7 @@ else:
     import pycomm
     dist.init_process_group("pycomm", pg_options=pycomm.Options(transport=os.environ["PYCOMM_ANATOMY_TRANSPORT"]))
 t = torch.zeros(nbytes // 4)
-if layer in ("fake", "dist"):
+if layer in ("fake", "dist", "dist-nofr"):
     call = lambda: dist.all_reduce(t)
 elif layer == "direct":
     op, name = torch.ops.pycomm.direct_all_reduce_, dist.group.WORLD.group_name
@@ -56,6 +60,9 @@ for _ in range(repeats + 1):
         dist.barrier()
     if layer == "cpp":
         samples.append(backend._time_direct_all_reduce(t, iters) / iters)
+        continue
+    if layer == "work":
+        samples.append(backend._time_work_all_reduce(t, iters) / iters)
         continue
     start = time.perf_counter()
     for _ in range(iters):
@@ -69,15 +76,17 @@ if layer != "fake":
 
 
 def run(layer: str, world: int, transport: str, args: argparse.Namespace, port: int,
-        perf: Path | None = None) -> list[float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        perf: Path | None = None, checkout: Path = ROOT) -> list[float]:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1", "PYCOMM_ANATOMY_TRANSPORT": transport}
+    if layer == "dist-nofr":
+        env["TORCH_FR_BUFFER_SIZE"] = "0"
     procs = []
     for r in range(1 if layer == "fake" else world):
         command = [sys.executable, "-c", RANK_PROGRAM, layer, str(args.bytes), str(args.iters), str(args.repeats)]
         if perf is not None and r == 0:
             command = ["perf", "record", "-q", "-F", "4999", "-o", str(perf), "--"] + command
-        procs.append(subprocess.Popen(command, env={**env, "RANK": str(r)}, cwd=ROOT, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(command, env={**env, "RANK": str(r)}, cwd=checkout, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=600) for p in procs]
     if any(p.returncode != 0 for p in procs):
@@ -103,6 +112,7 @@ def main() -> None:
     parser.add_argument("--bytes", type=int, default=4096)
     parser.add_argument("--iters", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--base", type=Path, help="another checkout (built in place): its dist.all_reduce too")
     parser.add_argument("--perf", type=Path)
     args = parser.parse_args()
     port = 33500 + os.getpid() % 1000
@@ -112,7 +122,12 @@ def main() -> None:
     rows.append(("torch floor (fake backend)", run("fake", 1, "auto", args, port)))
     for world in worlds:
         transport = "auto" if world == 1 else args.transport  # one rank has no peer to reach
-        for layer, label in (("dist", "dist.all_reduce"), ("direct", "direct op"), ("cpp", "C++ loop")):
+        if args.base is not None:
+            port += 1
+            rows.append((f"dist.all_reduce before ({args.base.name}), world {world}",
+                         run("dist", world, transport, args, port, checkout=args.base.resolve())))
+        for layer, label in (("dist", "dist.all_reduce"), ("dist-nofr", "dist.all_reduce, no flight recorder"),
+                             ("work", "Work loop"), ("direct", "direct op"), ("cpp", "C++ loop")):
             port += 1
             rows.append((f"{label}, world {world}", run(layer, world, transport, args, port)))
     print(f"{args.bytes} B float32 all_reduce, {args.transport}, us per call (rank 0; median of {args.repeats} "

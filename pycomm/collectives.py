@@ -88,18 +88,6 @@ def all_reduce(
     return None
 
 
-_OP_NAMES = {
-    dist.ReduceOp.SUM: "sum",
-    dist.ReduceOp.AVG: "avg",
-    dist.ReduceOp.PRODUCT: "product",
-    dist.ReduceOp.MIN: "min",
-    dist.ReduceOp.MAX: "max",
-    dist.ReduceOp.BAND: "band",
-    dist.ReduceOp.BOR: "bor",
-    dist.ReduceOp.BXOR: "bxor",
-}
-
-
 def direct_all_reduce(
     tensor: torch.Tensor,
     op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
@@ -108,13 +96,15 @@ def direct_all_reduce(
     """`tensor` (CPU) all-reduced in place on a pycomm group, synchronously, with no Work: the same
     result as `dist.all_reduce`, in less time for small tensors. It is the torch op
     `torch.ops.pycomm.direct_all_reduce_(tensor, op_name, group_name)`, which a tight loop (or
-    torch.compile, which traces it as one node) can call itself with the names resolved once:
+    torch.compile, which traces it as one node) can call itself with the names resolved once (it
+    returns nothing):
     `op_name` one of sum, avg, product, min, max, band, bor, bxor, and `group_name` the group's
     `group_name`. Not recorded by the flight recorder or the profiler. Returns `tensor`."""
-    if op not in _OP_NAMES:
-        raise ValueError(f"pycomm: direct_all_reduce takes {', '.join(_OP_NAMES.values())}, not {op}")
+    # The op checks the name (and names the valid ones); PREMUL_SUM has none and is refused there.
+    name = op.name.lower() if isinstance(op, dist.ReduceOp.RedOpType) else str(op)
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    return torch.ops.pycomm.direct_all_reduce_(tensor, _OP_NAMES[op], pg.group_name)
+    torch.ops.pycomm.direct_all_reduce_(tensor, name, pg.group_name)
+    return tensor
 
 
 def stats(group: dist.ProcessGroup | None = None) -> dict[str, dict[str, float]]:

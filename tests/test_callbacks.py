@@ -154,3 +154,34 @@ def test_callbacks_run_with_autograd(pycomm: ModuleType) -> None:
     # The op's own writes bypass autograd; the user's callbacks must not.
     results = _run_on_two_ranks(_autograd_in_callback_worker)
     assert results == [[True, True], [True, True]], results
+
+
+def _future_after_failure_worker(rank: int, world: int) -> list[str]:
+    import torch.distributed as dist
+
+    # Rank 1 disagrees on the count: the op fails on both ranks. The future, first asked for after
+    # the failure, carries it; one asked for before it does too.
+    outcomes = []
+    for ask_first in (False, True):
+        work = dist.all_reduce(torch.ones(10 + rank), async_op=True)
+        early = work.get_future() if ask_first else None
+        try:
+            work.wait()
+            outcomes.append("wait: no error")
+        except RuntimeError:
+            pass
+        for fut in (early, work.get_future()):
+            if fut is None:
+                continue
+            try:
+                fut.wait()
+                outcomes.append(f"ask_first={ask_first}: future without error")
+            except RuntimeError as e:
+                if "mismatched" not in str(e):
+                    outcomes.append(f"ask_first={ask_first}: future with another error: {e}")
+    return outcomes
+
+
+def test_future_of_a_failed_op_carries_its_error(pycomm: ModuleType) -> None:
+    results = _run_on_two_ranks(_future_after_failure_worker)
+    assert results == [[], []], results

@@ -88,7 +88,8 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::endCoalescing() {
   // whose send comes after such a collective on the peer would never complete).
   auto work = c10::make_intrusive<PycommWork>(rank_, ::c10d::OpType::COALESCED, "pycomm:coalesced",
                                               c10::IValue(std::vector<at::Tensor>{}),
-                                              c10::ListType::create(c10::TensorType::get()), std::move(stagings));
+                                              c10::ListType::create(c10::TensorType::get()), std::move(stagings),
+                                              profiledInputs([] { return std::vector<at::Tensor>{}; }));
   struct Countdown {
     std::mutex mutex;
     size_t left;

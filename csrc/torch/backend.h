@@ -119,8 +119,8 @@ class PycommBackend final : public ::c10d::Backend {
                                                        const std::string& codec,
                                                        const std::optional<at::Tensor>& residual = std::nullopt);
   // torch.ops.pycomm.direct_all_reduce_ (direct_allreduce.cc): `tensor` (CPU) all-reduced in place,
-  // returning once it is done, with no Work.
-  void allreduceDirect(const at::Tensor& tensor, const ::c10d::ReduceOp& op);
+  // returning once it is done, with no Work. `reduceOp`: sum, avg, product, min, max, band, bor, bxor.
+  void allreduceDirect(const at::Tensor& tensor, c10::string_view reduceOp);
   std::map<std::string, Communicator::OpStats> stats() const { return comm_->stats(); }
 
   // Applies to every all-reduce issued after it, in issue order (so the same on every rank).

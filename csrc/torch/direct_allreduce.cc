@@ -6,8 +6,8 @@
 // behind the ops issued before it and waits), and the core's per-op agreement, timeout and failure
 // reports. It records no flight-recorder entry and no profiler event.
 //
-// The schema marks the tensor as written, and a Meta kernel gives torch.compile the shape: the op
-// traces as one node and runs this kernel.
+// The schema marks the tensor as written, and a Meta kernel lets torch.compile trace it: the op is
+// one node of the graph (functionalized around the write) and runs this kernel.
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/library.h>
 
@@ -20,7 +20,7 @@
 namespace pycomm::torch_adapter {
 namespace {
 
-::c10d::ReduceOp reduceOpNamed(c10::string_view name) {
+::c10d::ReduceOp reduceOpNamed(const Validator& v, c10::string_view name) {
   static const std::pair<const char*, ::c10d::ReduceOp::RedOpType> kOps[] = {
       {"sum", ::c10d::ReduceOp::SUM}, {"avg", ::c10d::ReduceOp::AVG},   {"product", ::c10d::ReduceOp::PRODUCT},
       {"min", ::c10d::ReduceOp::MIN}, {"max", ::c10d::ReduceOp::MAX},   {"band", ::c10d::ReduceOp::BAND},
@@ -29,7 +29,7 @@ namespace {
   for (const auto& [known, op] : kOps) {
     if (name == known) return ::c10d::ReduceOp(op);
   }
-  TORCH_CHECK_VALUE(false, "pycomm direct_all_reduce_: unknown reduce op '", name,
+  TORCH_CHECK_VALUE(false, v.where(), "unknown reduce op '", name,
                     "' (valid: sum, avg, product, min, max, band, bor, bxor)");
 }
 
@@ -42,24 +42,45 @@ PycommBackend& pycommBackendOf(c10::string_view groupName) {
   return *pycomm;
 }
 
-at::Tensor& directAllreduceCpu(at::Tensor& self, c10::string_view reduceOp, c10::string_view groupName) {
-  pycommBackendOf(groupName).allreduceDirect(self, reduceOpNamed(reduceOp));
-  return self;
+void directAllreduceCpu(at::Tensor& self, c10::string_view reduceOp, c10::string_view groupName) {
+  pycommBackendOf(groupName).allreduceDirect(self, reduceOp);
 }
 
-at::Tensor& directAllreduceMeta(at::Tensor& self, c10::string_view, c10::string_view) { return self; }
+void directAllreduceMeta(at::Tensor&, c10::string_view, c10::string_view) {}
 
-// Where the caller waits when the op queued behind others: the worker sets it.
-struct Outcome {
+// One direct all-reduce, run on the caller's thread or, queued behind earlier ops, on the worker
+// while the caller waits for it: either way it lives on the caller's stack, and a small op
+// allocates nothing for it (the queued task holds one pointer).
+struct DirectJob {
+  Communicator& comm;
+  const at::Tensor& tensor;
+  DataType dtype;
+  const ReduceSpec& spec;
+  const std::optional<codecs::Codec>& codec;
   std::mutex mutex;
   std::condition_variable done;
   bool finished = false;
   std::exception_ptr error;
+
+  void run() {
+    std::exception_ptr failure;
+    try {
+      const at::AutoDispatchBelowADInplaceOrView belowAutograd;  // as PycommBackend::submit's tasks
+      allreduceNow(comm, tensor, dtype, spec, codec);
+    } catch (const std::exception&) {
+      failure = std::current_exception();
+    }
+    // Notified under the lock: once the caller sees `finished` it may return and free this job.
+    const std::lock_guard<std::mutex> lock(mutex);
+    error = failure;
+    finished = true;
+    done.notify_all();
+  }
 };
 
 }  // namespace
 
-void PycommBackend::allreduceDirect(const at::Tensor& tensor, const ::c10d::ReduceOp& reduceOp) {
+void PycommBackend::allreduceDirect(const at::Tensor& tensor, c10::string_view reduceOpName) {
   ReduceSpec spec;
   DataType dtype = DataType::kFloat32;
   std::optional<codecs::Codec> codec;
@@ -68,6 +89,7 @@ void PycommBackend::allreduceDirect(const at::Tensor& tensor, const ::c10d::Redu
     TORCH_CHECK_VALUE(tensor.defined() && tensor.device().is_cpu(), v.where(),
                       "takes a CPU tensor (dist.all_reduce takes the others)");
     v.tensor(tensor);
+    const auto reduceOp = reduceOpNamed(v, reduceOpName);
     spec = v.reduceSpec(reduceOp, tensor);
     dtype = v.reducible(tensor);
     codec = compressionFor(comm_->config(), tensor.scalar_type(), &reduceOp);
@@ -75,30 +97,21 @@ void PycommBackend::allreduceDirect(const at::Tensor& tensor, const ::c10d::Redu
     rejectOnPeers(error);  // the peers' op fails at once, as for dist.all_reduce
     throw;
   }
-  auto outcome = std::make_shared<Outcome>();
-  comm_->runOrEnqueue([outcome, tensor, dtype, spec, codec, comm = comm_] {
-    try {
-      const at::AutoDispatchBelowADInplaceOrView belowAutograd;  // as PycommBackend::submit's tasks
-      allreduceNow(*comm, tensor, dtype, spec, codec);
-    } catch (const std::exception&) {
-      outcome->error = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lock(outcome->mutex);
-      outcome->finished = true;
-    }
-    outcome->done.notify_all();
-  });
+  DirectJob job{*comm_, tensor, dtype, spec, codec};
+  comm_->runOrEnqueue([&job] { job.run(); });
   {
-    // Queued tasks always run, even after an abort (they fail at once then), so this ends.
-    std::unique_lock<std::mutex> lock(outcome->mutex);
-    outcome->done.wait(lock, [&] { return outcome->finished; });
+    // Queued tasks always run, even after an abort or a shutdown (they fail at once then), and each
+    // op ends by the group's timeout: so this wait ends (tests/test_direct_all_reduce.py, silent peer).
+    std::unique_lock<std::mutex> lock(job.mutex);
+    job.done.wait(lock, [&] { return job.finished; });
   }
-  if (outcome->error) std::rethrow_exception(outcome->error);
+  if (job.error) std::rethrow_exception(job.error);
 }
 
 TORCH_LIBRARY(pycomm, m) {
-  m.def("direct_all_reduce_(Tensor(a!) self, str reduce_op, str group_name) -> Tensor(a!)");
+  // Returns nothing: functionalization (torch.compile) takes a custom op that writes its input, but
+  // not one that also returns it as an alias.
+  m.def("direct_all_reduce_(Tensor(a!) self, str reduce_op, str group_name) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pycomm, CPU, m) { m.impl("direct_all_reduce_", &directAllreduceCpu); }

@@ -188,12 +188,23 @@ PYBIND11_MODULE(_C, m) {
       // benchmarks/small_message_anatomy.py: the direct all-reduce with no torch dispatch around it.
       .def("_time_direct_all_reduce", [](PycommBackend& backend, const at::Tensor& tensor, int64_t iters) {
              py::gil_scoped_release release;
-             const ::c10d::ReduceOp sum(::c10d::ReduceOp::SUM);
              const auto start = std::chrono::steady_clock::now();
-             for (int64_t i = 0; i < iters; ++i) backend.allreduceDirect(tensor, sum);
+             for (int64_t i = 0; i < iters; ++i) backend.allreduceDirect(tensor, "sum");
              return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
            }, py::arg("tensor"), py::arg("iters"),
            "Seconds that `iters` SUM all-reduces of `tensor` take, called in a loop from C++.")
+      // The same through the backend's c10d entry (its op, Work and future), with no torch dispatch.
+      .def("_time_work_all_reduce", [](PycommBackend& backend, const at::Tensor& tensor, int64_t iters) {
+             py::gil_scoped_release release;
+             std::vector<at::Tensor> tensors{tensor};
+             ::c10d::AllreduceOptions opts;
+             opts.asyncOp = false;  // as dist.all_reduce without async_op
+             const auto start = std::chrono::steady_clock::now();
+             for (int64_t i = 0; i < iters; ++i) backend.allreduce(tensors, opts)->wait();
+             return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+           }, py::arg("tensor"), py::arg("iters"),
+           "Seconds that `iters` SUM all-reduces of `tensor` take through PycommBackend::allreduce and "
+           "Work::wait, called in a loop from C++.")
       .def("failed_ranks", &PycommBackend::failedRanks,
            "The group ranks this rank lost, waited for past the timeout, or heard lost from a peer.")
       .def("stats", [](const PycommBackend& backend) {

@@ -31,12 +31,28 @@ PycommWork::PycommWork(int rank, ::c10d::OpType opType, const char* profilingTit
                        c10::IValue outputs, c10::TypePtr futureType,
                        std::vector<std::shared_ptr<DeviceStaging>> stagings,
                        const std::optional<std::vector<at::Tensor>>& profiled)
-    : Work(rank, opType, profilingTitle, profiled),
+    // The title makes c10d's Work start a profiler event: only when a profiler may record one
+    // (profiledInputs() is set then), as a RecordFunction per op costs even when none is active.
+    : Work(rank, opType, profiled ? profilingTitle : nullptr, profiled),
       outputs_(std::move(outputs)),
       stagings_(std::move(stagings)),
-      future_(stagings_.empty()
-                  ? c10::make_intrusive<c10::ivalue::Future>(std::move(futureType))
-                  : c10::make_intrusive<c10::ivalue::Future>(std::move(futureType), devicesOf(stagings_))) {}
+      futureType_(std::move(futureType)),
+      future_(stagings_.empty() ? nullptr
+                                : c10::make_intrusive<c10::ivalue::Future>(futureType_, devicesOf(stagings_))) {}
+
+c10::intrusive_ptr<c10::ivalue::Future> PycommWork::getFuture() {
+  std::lock_guard<std::mutex> lock(futureMutex_);
+  if (!future_) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(futureType_);
+    // No callback can be attached yet, so completing it under the lock runs none.
+    if (outcomeKnown_ && outcome_) {
+      future_->setError(outcome_);
+    } else if (outcomeKnown_) {
+      future_->markCompleted(outputs_);
+    }
+  }
+  return future_;
+}
 
 void PycommWork::synchronize() {
   Work::synchronize();
@@ -94,8 +110,17 @@ void PycommWork::complete(std::exception_ptr error) {
   // The future first, then the Work (gloo's order): a caller that wait() wakes may read the
   // future's value at once. The future's callbacks run here; the Work finishes however they end.
   const FinishOnExit finishOnExit(*this, error);
-  if (error) {
-    future_->setError(error);
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(futureMutex_);
+    outcomeKnown_ = true;
+    outcome_ = error;
+    future = future_;
+  }
+  if (!future) {
+    // Not asked for yet: getFuture() makes it completed.
+  } else if (error) {
+    future->setError(error);
   } else if (!stagings_.empty()) {
     // A device-aware future records its events on the current streams: the ones the copies back
     // run on.
@@ -107,14 +132,14 @@ void PycommWork::complete(std::exception_ptr error) {
       // The future keeps the current device for its callbacks: the op's, not this thread's.
       const c10::DeviceGuard device(stagings_.front()->device());
       const c10::MultiStreamGuard guard(streams);
-      future_->markCompleted(outputs_);
+      future->markCompleted(outputs_);
     } catch (const std::exception&) {
       // A device error while recording the future's events: the future fails instead of never
       // completing (called from the worker and from transport threads, which must not throw).
-      if (!future_->completed()) future_->setError(std::current_exception());
+      if (!future->completed()) future->setError(std::current_exception());
     }
   } else {
-    future_->markCompleted(outputs_);
+    future->markCompleted(outputs_);
   }
 }
 

@@ -31,7 +31,9 @@ class PycommWork : public ::c10d::Work {
              c10::TypePtr futureType, std::vector<std::shared_ptr<DeviceStaging>> stagings = {},
              const std::optional<std::vector<at::Tensor>>& profiled = std::nullopt);
 
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // Made on first use, completed if the op is: a synchronous op's caller waits on the Work and
+  // never asks, and a future it never reads costs an allocation, a lock and a wake-up per op.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   // c10d's wait() calls this once the op completed: the caller's current stream then waits for the
   // copies back of a staged op.
@@ -73,6 +75,12 @@ class PycommWork : public ::c10d::Work {
   bool copiesQueued_ = false;
   std::atomic<bool> completedOnce_{false};
   std::optional<uint64_t> traceId_;
+  const c10::TypePtr futureType_;
+  // The future, once made (at once for a staged op: it is device-aware), and the outcome it takes
+  // when made after complete().
+  std::mutex futureMutex_;
+  bool outcomeKnown_ = false;
+  std::exception_ptr outcome_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

@@ -29,7 +29,6 @@ void forEachSlot(Group& group, size_t nbytes, const OpSignature& sig, const Step
     move(e, offset, n, false);
     group.publishInputs(e, wait);
     move(e, offset, n, true);
-    group.endStep(e);
   }
 }
 
@@ -100,7 +99,6 @@ void shmAllreduce(Group& group, const BufferList& data, size_t count, DataType d
         data.copyIn(at + qo, slices.length(q) * esize, group.result(q, e) + qo);
       }
     }
-    group.endStep(e);
   }
 }
 
@@ -161,7 +159,6 @@ void shmReduceScatter(Group& group, const void* in, void* out, size_t count, Dat
                                              : group.input(q, e) + rank * chunkElems * esize;
     }
     codecs::reduceMany(dst + offset * esize, sources.data(), size, n, dtype, op);
-    group.endStep(e);
   }
 }
 
@@ -191,7 +188,6 @@ void shmReduceScatterParts(Group& group, void* data, const std::vector<size_t>& 
       codecs::reduceMany(group.result(rank, e), sources.data(), size, n / esize, dtype, op);
       std::memcpy(bytes + offset, group.result(rank, e), n);
     }
-    group.endStep(e);
   }
 }
 
@@ -211,14 +207,12 @@ void shmAllgatherParts(Group& group, void* data, const std::vector<size_t>& offs
       auto [qOffset, qn] = part(q, k);
       if (q != rank && qn > 0) std::memcpy(bytes + qOffset, group.input(q, e), qn);
     }
-    group.endStep(e);
   }
 }
 
 void shmBarrier(Group& group, const OpSignature& sig, const StepWait& wait) {
   const uint32_t e = group.beginStep(sig, wait);
   group.publishInputs(e, wait);
-  group.endStep(e);
 }
 
 }  // namespace pycomm::algorithms

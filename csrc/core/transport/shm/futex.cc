@@ -24,7 +24,7 @@ void publish(SharedFlag& flag, uint32_t value) {
 }
 
 bool waitAtLeast(SharedFlag& flag, uint32_t target, std::chrono::microseconds slice,
-                 std::chrono::microseconds spin) {
+                 std::chrono::microseconds spin, std::chrono::microseconds yieldFor) {
   for (int i = 0; i < 64; ++i) {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return true;
 #if defined(__x86_64__)
@@ -42,7 +42,8 @@ bool waitAtLeast(SharedFlag& flag, uint32_t target, std::chrono::microseconds sl
       }
     } while (std::chrono::steady_clock::now() < until);
   }
-  for (int i = 0; i < 4; ++i) {
+  const auto yieldUntil = std::chrono::steady_clock::now() + yieldFor;
+  for (int i = 0; i < 4 || std::chrono::steady_clock::now() < yieldUntil; ++i) {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return true;
     std::this_thread::yield();
   }

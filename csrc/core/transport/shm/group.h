@@ -6,15 +6,18 @@
 // Slots: every rank q owns, per buffer parity, an input slot and a result slot of slotBytes()
 // bytes, which every rank can read. An op runs in steps ("epochs"), one per chunk; two parities
 // let step e+1 fill its slots while peers still read those of step e. A step is
-//   e = beginStep(sig, wait)     this parity's slots are free on every rank; the step is this op's
+//   e = beginStep(sig, wait)     the step is this op's
 //   ... write input(rank(), e) ...
 //   publishInputs(e, wait)       every rank's input slot is written (and every rank runs this op)
 //   ... read input(q, e), write result(rank(), e) ...
 //   publishResults(e, wait)      (optional) every rank's result slot is written
 //   ... read result(q, e) ...
-//   endStep(e)                   this rank reads nothing of step e any more
-// Each wait has the op's deadline and notices a dead peer, a peer that runs another op or reported
-// a failure of this one, and the group leaving shared memory (abandon()).
+// and a rank's next step starts once it read all it reads of this one. Every step publishes its
+// inputs, so no step needs to wait for its slots to be free: a rank writes step e+2's slots (this
+// parity's) after step e+1's publishInputs, which every rank reached only once done with step e.
+// A small op is then one flag write and one wait per rank. Each wait has the op's deadline and
+// notices a dead peer, a peer that runs another op or reported a failure of this one, and the group
+// leaving shared memory (abandon()).
 //
 // The steps are virtual (a few calls per chunk); the slots' addresses are not, as schedules take
 // them in their loops over ranks.
@@ -59,14 +62,12 @@ class Group {
   uint8_t* input(int q, uint32_t epoch) const { return slots_ + (q * 4 + (epoch % 2)) * slotBytes_; }
   uint8_t* result(int q, uint32_t epoch) const { return slots_ + (q * 4 + 2 + (epoch % 2)) * slotBytes_; }
 
-  // Starts a step of the op `sig`: waits until every rank is done with this parity's slots.
+  // Starts a step of the op `sig` (this rank read all it reads of its previous step).
   virtual uint32_t beginStep(const OpSignature& sig, const StepWait& wait) = 0;
   // Publishes this rank's input slot and waits for every rank's; fails if a rank runs another op.
   virtual void publishInputs(uint32_t epoch, const StepWait& wait) = 0;
   // Publishes this rank's result slot and waits for every rank's.
   virtual void publishResults(uint32_t epoch, const StepWait& wait) = 0;
-  // This rank is done reading the slots of step `epoch`.
-  virtual void endStep(uint32_t epoch) = 0;
 
   // Every op of the communicator, whichever path it takes, is announced first: a rank in an op
   // carried by frames (reduce, gather, a compressed all-reduce...) compares the announcements at

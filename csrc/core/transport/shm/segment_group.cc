@@ -38,6 +38,9 @@ SegmentGroup::SegmentGroup(int rank, int size, size_t slotBytes, size_t ringByte
       // Polling only pays while every rank has a core: with more ranks than cores the peer we wait
       // for may need this very core, and a sleeping wait hands it over at once.
       spin_(static_cast<unsigned>(size) <= std::thread::hardware_concurrency() ? kSpin : std::chrono::microseconds(0)),
+      // There, the peer we wait for is most often runnable and waiting for a core: yielding hands
+      // it ours at once, where a futex sleep would add the wake-up of this rank to every step.
+      yield_(spin_.count() == 0 ? kYield : std::chrono::microseconds(0)),
       members_(std::move(members)) {
   // Controls, then four slots per rank, then one ring per ordered pair (the diagonal unused). A
   // fresh segment is zero-filled, which is a ring's initial state; only touched pages take memory.
@@ -179,8 +182,11 @@ void SegmentGroup::checkWhileWaiting(int q, const StepWait& wait) const {
 void SegmentGroup::waitAll(Flag flag, uint32_t target, const StepWait& wait, const char* what) {
   for (int q = 0; q < size(); ++q) {
     Control& c = control(q);
-    SharedFlag& f = flag == Flag::kReady ? c.ready : flag == Flag::kReduced ? c.reduced : c.consumed;
-    while (!waitAtLeast(f, target, std::chrono::milliseconds(2), spin_)) {
+    SharedFlag& f = flag == Flag::kReady ? c.ready : c.reduced;
+    // Spinning and yielding on the first try only: a wait that then sleeps is a long one.
+    for (bool first = true; !waitAtLeast(f, target, std::chrono::milliseconds(2), first ? spin_ : kNoWait,
+                                         first ? yield_ : kNoWait);
+         first = false) {
       checkWhileWaiting(q, wait);
       if (std::chrono::steady_clock::now() < wait.deadline) continue;
       const std::string lost = wait.timedOut ? wait.timedOut(member(q)) : std::string();
@@ -193,10 +199,10 @@ void SegmentGroup::waitAll(Flag flag, uint32_t target, const StepWait& wait, con
 uint32_t SegmentGroup::beginStep(const OpSignature& sig, const StepWait& wait) {
   reserveSlots(sig, wait);
   const uint32_t epoch = ++epoch_;
-  // This parity's slots were last used two steps ago; every rank must be done reading them.
   current_ = sig;
-  waitAll(Flag::kConsumed, epoch - 2, wait, "slots to be free");
-  // Only now: a peer may still compare this parity's step of two steps ago.
+  // This parity's slots and step record were last used two steps ago, and every rank is done with
+  // them: each published its inputs of the last step (this rank waited for that) only after it
+  // finished the step before, the one of this parity (group.h).
   control(rank()).step[epoch % 2] = Step{sig, wait.seq};
   return epoch;
 }
@@ -221,7 +227,5 @@ void SegmentGroup::publishResults(uint32_t epoch, const StepWait& wait) {
   publish(control(rank()).reduced, epoch);
   waitAll(Flag::kReduced, epoch, wait, "reduced slices");
 }
-
-void SegmentGroup::endStep(uint32_t epoch) { publish(control(rank()).consumed, epoch); }
 
 }  // namespace pycomm::transport::shm

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -54,7 +55,6 @@ class SegmentGroup final : public Group {
   uint32_t beginStep(const OpSignature& sig, const StepWait& wait) override;
   void publishInputs(uint32_t epoch, const StepWait& wait) override;
   void publishResults(uint32_t epoch, const StepWait& wait) override;
-  void endStep(uint32_t epoch) override;
 
   void announce(uint64_t seq, const OpSignature& sig) override;
   std::string conflict(uint64_t seq, const OpSignature& sig, const std::string& context) const override;
@@ -75,12 +75,13 @@ class SegmentGroup final : public Group {
     std::atomic<uint64_t> count{0};
   };
   struct alignas(64) Control {
-    SharedFlag ready;
-    SharedFlag reduced;
-    SharedFlag consumed;
+    // One cache line: what every peer reads of this rank at each step, the flag and then its op.
+    alignas(64) SharedFlag ready;
     Step step[2];  // per buffer parity, so a peer's next step cannot overwrite it early
-    Announcement announced;
+    alignas(64) SharedFlag reduced;
+    alignas(64) Announcement announced;
   };
+  static_assert(offsetof(Control, reduced) == 64, "the ready flag and the step records share one line");
   // At the start of the segment: whether the group gave shared memory up, and from which op.
   struct alignas(64) GroupState {
     std::atomic<uint64_t> abandonFrom{0};  // 0: never
@@ -104,13 +105,17 @@ class SegmentGroup final : public Group {
   // step writes there; a failure gives shared memory up from this op on.
   void reserveSlots(const OpSignature& sig, const StepWait& wait);
 
-  enum class Flag { kReady, kReduced, kConsumed };
+  enum class Flag { kReady, kReduced };
   void waitAll(Flag flag, uint32_t target, const StepWait& wait, const char* what);
 
   const size_t ringBytes_;
-  // How long a wait polls before it sleeps on the futex.
+  // How long a wait polls before it sleeps on the futex while the ranks have a core each, and how
+  // long it yields the core instead when they outnumber the cores.
   static constexpr std::chrono::microseconds kSpin{50};
+  static constexpr std::chrono::microseconds kYield{200};
+  static constexpr std::chrono::microseconds kNoWait{0};
   const std::chrono::microseconds spin_;
+  const std::chrono::microseconds yield_;
   const std::vector<int> members_;
   std::shared_ptr<Segment> segment_;
   uint32_t epoch_ = 0;
