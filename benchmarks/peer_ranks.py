@@ -58,7 +58,8 @@ class MpiPeer(Peer):
         self.mpi = MPI
         self.comm = MPI.COMM_WORLD
         self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
-        self.name = f"Open MPI {'.'.join(map(str, MPI.Get_version()))} ({MPI.Get_library_version().split(',')[0]})"
+        # Get_version() is the MPI standard's version; the library names itself.
+        self.name = MPI.Get_library_version().split(",")[0].strip()
 
     def buffer(self, values: np.ndarray) -> Any:
         return values.astype(np.float32)

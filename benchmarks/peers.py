@@ -130,8 +130,10 @@ def launch(case: Case, world: int, transport: str, mpi_btl: str, sizes: str, arg
 def table(config: str, world: int, transport: str, cases: list[Case], sizes: list[int],
           results: dict[str, list[dict]]) -> str:
     ran = [c for c in cases if results.get(c.label)]
-    first = ran[0].label
     head = f"### {config}: world {world}, {'shared memory' if transport == 'shm' else 'TCP (loopback)'}\n\n"
+    if not ran:
+        return head + "no peer gave a result\n"
+    first = ran[0].label
     lines = ["| size | " + " | ".join(f"{c.label} (us)" for c in ran) + " | " +
              " | ".join(f"{c.label} / {first}" for c in ran[1:]) + " |"]
     lines.append("| --- " * (1 + 2 * len(ran) - 1) + "|")
@@ -156,6 +158,8 @@ def plot(path: Path, sizes: list[int], summary: dict) -> None:
     fig, axes = plt.subplots(1, len(configs), figsize=(5 * len(configs), 4), squeeze=False)
     for ax, config in zip(axes[0], configs):
         medians = summary[config]["median_us"]
+        if not medians:
+            continue
         first = next(iter(medians))
         for label, per_size in medians.items():
             ax.plot(sizes, [per_size[str(n)] / medians[first][str(n)] for n in sizes], marker="o", label=label)

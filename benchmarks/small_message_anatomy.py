@@ -88,7 +88,12 @@ def run(layer: str, world: int, transport: str, args: argparse.Namespace, port: 
             command = ["perf", "record", "-q", "-F", "4999", "-o", str(perf), "--"] + command
         procs.append(subprocess.Popen(command, env={**env, "RANK": str(r)}, cwd=checkout, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=600) for p in procs]
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise RuntimeError(f"{layer} at world {world}: no result within 600 s") from None
     if any(p.returncode != 0 for p in procs):
         raise RuntimeError(f"{layer} at world {world} failed: {outs[0][1][-2000:]}")
     line = next(x for x in outs[0][0].splitlines() if x.startswith("US "))

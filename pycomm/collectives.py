@@ -99,7 +99,10 @@ def direct_all_reduce(
     torch.compile, which traces it as one node) can call itself with the names resolved once (it
     returns nothing):
     `op_name` one of sum, avg, product, min, max, band, bor, bxor, and `group_name` the group's
-    `group_name`. Not recorded by the flight recorder or the profiler. Returns `tensor`."""
+    `group_name`. Not recorded by the flight recorder; a profiler sees the torch op, not a c10d
+    Work. Unlike `dist.all_reduce` it takes no complex tensors (pass `torch.view_as_real(t)`) and
+    no PREMUL_SUM, and it refuses a group that torch wraps (TORCH_DISTRIBUTED_DEBUG=DETAIL).
+    Returns `tensor`."""
     # The op checks the name (and names the valid ones); PREMUL_SUM has none and is refused there.
     name = op.name.lower() if isinstance(op, dist.ReduceOp.RedOpType) else str(op)
     pg = group if group is not None else dist.distributed_c10d._get_default_group()

@@ -161,10 +161,15 @@ def _future_after_failure_worker(rank: int, world: int) -> list[str]:
 
     # Rank 1 disagrees on the count: the op fails on both ranks. The future, first asked for after
     # the failure, carries it; one asked for before it does too.
+    store = dist.distributed_c10d._get_default_store()
     outcomes = []
     for ask_first in (False, True):
+        if ask_first and rank == 1:
+            store.wait(["asked"])  # rank 0 holds its future before the op can fail
         work = dist.all_reduce(torch.ones(10 + rank), async_op=True)
         early = work.get_future() if ask_first else None
+        if ask_first and rank == 0:
+            store.set("asked", "1")
         try:
             work.wait()
             outcomes.append("wait: no error")

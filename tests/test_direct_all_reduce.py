@@ -51,10 +51,9 @@ def _results_worker(rank: int, world: int) -> list[str]:
                 # Alternate the Python helper and the raw torch op with names resolved once.
                 if seed % 2:
                     returned = pycomm.direct_all_reduce(direct, reduce_op(op))
+                    note(f"{what}: returns its tensor", None if returned is direct else "another tensor")
                 else:
                     torch.ops.pycomm.direct_all_reduce_(direct, op, group_name)
-                    returned = direct
-                note(f"{what}: returns its tensor", None if returned is direct else "another tensor")
                 note(f"{what} vs reference", reduced_checker(inputs, op)(direct))
                 eager = inputs[rank].clone()
                 dist.all_reduce(eager, op=reduce_op(op))
@@ -97,25 +96,33 @@ def test_results_over_tcp(pycomm: Any) -> None:
 
 
 def _order_worker(rank: int, world: int) -> list[str]:
-    """Async ops queued on the worker, then the direct op: it runs after them, on every rank."""
+    """An async all-reduce queued on the worker, then the direct op on part of the same tensor, then
+    another async op on another part: each must run after the one issued before it. Run out of
+    order (or at once), the direct op would reduce the inputs (or a torn mix) instead of the first
+    op's sums, and every element it reduces would be off by the factor `world`."""
     import pycomm
 
     problems, note = problem_notes()
     big = [input_for(1, r, (1 << 20,), torch.float32, "sum") for r in range(world)]
-    small = [input_for(2, r, (17,), torch.float32, "max") for r in range(world)]
+    summed = torch.stack([x.double() for x in big]).sum(0)
+    # What each stage yields, in float64: the second and third reduce the first's (equal) sums.
+    expected_first = summed
+    expected_again = world * summed
+    tol = 1e-5 * world * torch.stack([x.double().abs() for x in big]).sum(0) + 1e-6
     for round_ in range(5):
-        first = big[rank].clone()
-        work = dist.all_reduce(first, async_op=True)
-        second = small[rank].clone()
-        pycomm.direct_all_reduce(second, dist.ReduceOp.MAX)
-        # Issued after the direct op: queued behind it if it was queued.
-        third = small[rank].clone()
-        later = dist.all_reduce(third, op=dist.ReduceOp.MAX, async_op=True)
-        work.wait()
+        t = big[rank].clone()
+        first = dist.all_reduce(t, async_op=True)
+        pycomm.direct_all_reduce(t[:4099])
+        later = dist.all_reduce(t[-4099:], async_op=True)
+        first.wait()
         later.wait()
-        note(f"round {round_}: async op before", reduced_checker(big, "sum")(first))
-        note(f"round {round_}: direct op", reduced_checker(small, "max")(second))
-        note(f"round {round_}: async op after", check_equal(third, second))
+        for label, got, want, band in (
+            ("direct op after the async op", t[:4099], expected_again[:4099], tol[:4099] * world),
+            ("untouched middle", t[4099:-4099], expected_first[4099:-4099], tol[4099:-4099]),
+            ("async op after the direct op", t[-4099:], expected_again[-4099:], tol[-4099:] * world),
+        ):
+            bad = int(((got.double() - want).abs() > band).sum())
+            note(f"round {round_}: {label}", f"{bad} of {got.numel()} elements wrong" if bad else None)
     return problems
 
 
@@ -135,6 +142,7 @@ def _bad_input_worker(rank: int, world: int) -> dict[str, Any]:
         ("unknown op", lambda t: torch.ops.pycomm.direct_all_reduce_(t, "median", dist.group.WORLD.group_name)),
         ("bitwise op on floats", lambda t: pycomm.direct_all_reduce(t, dist.ReduceOp.BAND)),
         ("wrong count", lambda t: pycomm.direct_all_reduce(torch.ones(12))),
+        ("sparse tensor", lambda t: pycomm.direct_all_reduce(t.to_sparse())),
     ]
     for label, bad in cases:
         t = torch.ones(10)
@@ -161,7 +169,7 @@ def test_bad_input_fails_every_rank_promptly(pycomm: object) -> None:
     results = run_ranks(_bad_input_worker, 3, backend="pycomm", timeout_s=TIMEOUT_S,
                         pg_timeout_s=BAD_INPUT_PG_TIMEOUT_S)
     for rank, outcome in enumerate(results):
-        for label in ("unknown op", "bitwise op on floats", "wrong count"):
+        for label in ("unknown op", "bitwise op on floats", "wrong count", "sparse tensor"):
             message, elapsed = outcome[label]
             assert message != "no error", f"rank {rank}, {label}: no error"
             assert elapsed < PROMPT_S, f"rank {rank}, {label}: raised after {elapsed:.1f}s: {message}"

@@ -4,7 +4,8 @@
 // future. What it keeps: the same checks and reduction as dist.all_reduce (so the same bits), the
 // group's issue order (it runs on the caller's thread when the group's worker is idle, else queues
 // behind the ops issued before it and waits), and the core's per-op agreement, timeout and failure
-// reports. It records no flight-recorder entry and no profiler event.
+// reports. It records no flight-recorder entry and no c10d Work event (a profiler sees it as the
+// torch op it is).
 //
 // The schema marks the tensor as written, and a Meta kernel lets torch.compile trace it: the op is
 // one node of the graph (functionalized around the write) and runs this kernel.
@@ -33,17 +34,21 @@ namespace {
                     "' (valid: sum, avg, product, min, max, band, bor, bxor)");
 }
 
-PycommBackend& pycommBackendOf(c10::string_view groupName) {
+// The group's pycomm backend, held for the op's length (a destroy_process_group on another thread
+// may drop the group's handles meanwhile: the dispatcher released the GIL).
+c10::intrusive_ptr<PycommBackend> pycommBackendOf(c10::string_view groupName) {
   const auto group = ::c10d::resolve_process_group(std::string(groupName));
-  const auto backend = group->getBackend(c10::DeviceType::CPU);
+  auto backend = group->getBackend(c10::DeviceType::CPU);
   auto* pycomm = dynamic_cast<PycommBackend*>(backend.get());
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every backend of a plugin in torch's ProcessGroupWrapper,
+  // which this op cannot see through: it says so.
   TORCH_CHECK_VALUE(pycomm != nullptr, "pycomm direct_all_reduce_: group '", groupName, "' runs ",
                     backend->getBackendName(), " on the CPU, not pycomm");
-  return *pycomm;
+  return c10::intrusive_ptr<PycommBackend>::reclaim_copy(pycomm);
 }
 
-void directAllreduceCpu(at::Tensor& self, c10::string_view reduceOp, c10::string_view groupName) {
-  pycommBackendOf(groupName).allreduceDirect(self, reduceOp);
+void directAllreduce(at::Tensor& self, c10::string_view reduceOp, c10::string_view groupName) {
+  pycommBackendOf(groupName)->allreduceDirect(self, reduceOp);
 }
 
 void directAllreduceMeta(at::Tensor&, c10::string_view, c10::string_view) {}
@@ -52,7 +57,9 @@ void directAllreduceMeta(at::Tensor&, c10::string_view, c10::string_view) {}
 // while the caller waits for it: either way it lives on the caller's stack, and a small op
 // allocates nothing for it (the queued task holds one pointer).
 struct DirectJob {
-  Communicator& comm;
+  // Held: a task that runs after its caller's group was destroyed (from a completion callback, say)
+  // still has its communicator.
+  std::shared_ptr<Communicator> comm;
   const at::Tensor& tensor;
   DataType dtype;
   const ReduceSpec& spec;
@@ -66,7 +73,7 @@ struct DirectJob {
     std::exception_ptr failure;
     try {
       const at::AutoDispatchBelowADInplaceOrView belowAutograd;  // as PycommBackend::submit's tasks
-      allreduceNow(comm, tensor, dtype, spec, codec);
+      allreduceNow(*comm, tensor, dtype, spec, codec);
     } catch (const std::exception&) {
       failure = std::current_exception();
     }
@@ -87,7 +94,10 @@ void PycommBackend::allreduceDirect(const at::Tensor& tensor, c10::string_view r
   try {
     const Validator v(rank_, size_, "direct_all_reduce_");
     TORCH_CHECK_VALUE(tensor.defined() && tensor.device().is_cpu(), v.where(),
-                      "takes a CPU tensor (dist.all_reduce takes the others)");
+                      "takes a dense CPU tensor (dist.all_reduce takes the others), got ",
+                      tensor.defined() ? tensor.toString() : std::string("an undefined tensor"));
+    TORCH_CHECK_VALUE(tensor.layout() == at::kStrided && !tensor.is_quantized() && !tensor.is_mkldnn(), v.where(),
+                      "takes a dense CPU tensor (dist.all_reduce takes the others), got ", tensor.toString());
     v.tensor(tensor);
     const auto reduceOp = reduceOpNamed(v, reduceOpName);
     spec = v.reduceSpec(reduceOp, tensor);
@@ -97,7 +107,7 @@ void PycommBackend::allreduceDirect(const at::Tensor& tensor, c10::string_view r
     rejectOnPeers(error);  // the peers' op fails at once, as for dist.all_reduce
     throw;
   }
-  DirectJob job{*comm_, tensor, dtype, spec, codec};
+  DirectJob job{comm_, tensor, dtype, spec, codec};
   comm_->runOrEnqueue([&job] { job.run(); });
   {
     // Queued tasks always run, even after an abort or a shutdown (they fail at once then), and each
@@ -114,7 +124,11 @@ TORCH_LIBRARY(pycomm, m) {
   m.def("direct_all_reduce_(Tensor(a!) self, str reduce_op, str group_name) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(pycomm, CPU, m) { m.impl("direct_all_reduce_", &directAllreduceCpu); }
+// Every backend's tensors reach the one kernel, whose checks refuse what is not a dense CPU
+// tensor and tell the peers, as dist.all_reduce's do: a kernel for CPU alone would leave a rank
+// that passes a sparse or CUDA tensor failing in the dispatcher and its peers waiting for the
+// timeout. Meta tensors (torch.compile's tracing) take the kernel registered for them.
+TORCH_LIBRARY_IMPL(pycomm, CompositeExplicitAutograd, m) { m.impl("direct_all_reduce_", &directAllreduce); }
 
 TORCH_LIBRARY_IMPL(pycomm, Meta, m) { m.impl("direct_all_reduce_", &directAllreduceMeta); }
 

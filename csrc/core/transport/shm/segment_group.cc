@@ -1,5 +1,7 @@
 #include "segment_group.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <new>
 #include <thread>
@@ -10,6 +12,15 @@ namespace pycomm::transport::shm {
 namespace {
 
 size_t alignUp(size_t n) { return (n + 4095) & ~size_t{4095}; }
+
+// The cores this process may run on (taskset, a container's cpuset), not the machine's: ranks
+// pinned to fewer cores than they are outnumber them.
+unsigned usableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 uint64_t packHead(const OpSignature& s) {
   return uint64_t{static_cast<uint8_t>(s.kind)} | uint64_t{s.dtype} << 8 | uint64_t{s.reduceOp} << 16 |
@@ -37,7 +48,7 @@ SegmentGroup::SegmentGroup(int rank, int size, size_t slotBytes, size_t ringByte
       ringBytes_(std::min(ringBytes, std::max<size_t>(256 * 1024, (16u << 20) / (static_cast<size_t>(size) * size)))),
       // Polling only pays while every rank has a core: with more ranks than cores the peer we wait
       // for may need this very core, and a sleeping wait hands it over at once.
-      spin_(static_cast<unsigned>(size) <= std::thread::hardware_concurrency() ? kSpin : std::chrono::microseconds(0)),
+      spin_(static_cast<unsigned>(size) <= usableCores() ? kSpin : std::chrono::microseconds(0)),
       // There, the peer we wait for is most often runnable and waiting for a core: yielding hands
       // it ours at once, where a futex sleep would add the wake-up of this rank to every step.
       yield_(spin_.count() == 0 ? kYield : std::chrono::microseconds(0)),
