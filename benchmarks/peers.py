@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pycomm.bench.sizes import format_size, parse_size
+
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = Path(__file__).resolve().parent / "peer_ranks.py"
 CONFIGS = {
@@ -50,18 +52,6 @@ class Case:
 
     def applies(self, transport: str) -> bool:
         return not (self.peer == "deepspeed" and transport != "shm")
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
-def label_size(nbytes: int) -> str:
-    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}iB"
-    return f"{nbytes} B"
 
 
 def install_peers() -> None:
@@ -128,8 +118,8 @@ def launch(case: Case, world: int, transport: str, mpi_btl: str, sizes: str, arg
 
 
 def table(config: str, world: int, transport: str, cases: list[Case], sizes: list[int],
-          results: dict[str, list[dict]]) -> str:
-    ran = [c for c in cases if results.get(c.label)]
+          results: dict[str, list[dict]], medians: dict[str, dict[str, float]]) -> str:
+    ran = [c for c in cases if c.label in medians]
     head = f"### {config}: world {world}, {'shared memory' if transport == 'shm' else 'TCP (loopback)'}\n\n"
     if not ran:
         return head + "no peer gave a result\n"
@@ -138,8 +128,8 @@ def table(config: str, world: int, transport: str, cases: list[Case], sizes: lis
              " | ".join(f"{c.label} / {first}" for c in ran[1:]) + " |"]
     lines.append("| --- " * (1 + 2 * len(ran) - 1) + "|")
     for n in sizes:
-        med = {c.label: statistics.median(r["us"][str(n)] for r in results[c.label]) for c in ran}
-        lines.append(f"| {label_size(n)} | " + " | ".join(f"{med[c.label]:.1f}" for c in ran) + " | " +
+        med = {c.label: medians[c.label][str(n)] for c in ran}
+        lines.append(f"| {format_size(n)} | " + " | ".join(f"{med[c.label]:.1f}" for c in ran) + " | " +
                      " | ".join(f"{med[c.label] / med[first]:.2f}" for c in ran[1:]) + " |")
     names = "\n".join(f"- {c.label}: {results[c.label][0]['name']}" for c in ran)
     return head + "\n".join(lines) + "\n\n" + names + "\n"
@@ -230,14 +220,14 @@ def main() -> int:
                           flush=True)
                     failed = True
                 print(f"{config} round {r + 1} {case.label}: " +
-                      " ".join(f"{label_size(int(k))}={v:.1f}us" for k, v in result["us"].items()), flush=True)
+                      " ".join(f"{format_size(int(k))}={v:.1f}us" for k, v in result["us"].items()), flush=True)
         summary[config] = {
             "world": world, "transport": transport,
             "median_us": {c.label: {str(n): statistics.median(x["us"][str(n)] for x in results[c.label]) for n in sizes}
                           for c in here if results[c.label]},
             "rounds": results,
         }
-        text.append("\n" + table(config, world, transport, here, sizes, results))
+        text.append("\n" + table(config, world, transport, here, sizes, results, summary[config]["median_us"]))
     report = "\n".join(text)
     print(report)
     if args.out is not None:

@@ -148,6 +148,15 @@ void checkCodecOut(const char* what, const char* param, const at::Tensor& out, a
   TORCH_CHECK_VALUE(numel == 0 || in.numel() == 0 || disjoint, what, ": ", param, " overlaps the input");
 }
 
+// Seconds that `iters` calls of `op` take, with the GIL released (benchmarks/small_message_anatomy.py).
+template <typename Op>
+double secondsFor(int64_t iters, const Op& op) {
+  const py::gil_scoped_release release;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; ++i) op();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -185,23 +194,17 @@ PYBIND11_MODULE(_C, m) {
            "The group's name and global ranks in the flight recorder's dumps.")
       .def_property_readonly("global_rank", &PycommBackend::globalRank,
                              "This process's rank in the default group (the dump file's suffix).")
-      // benchmarks/small_message_anatomy.py: the direct all-reduce with no torch dispatch around it.
+      // benchmarks/small_message_anatomy.py: the direct all-reduce with no torch dispatch around it,
+      // and the same through the backend's c10d entry (its op, Work and future).
       .def("_time_direct_all_reduce", [](PycommBackend& backend, const at::Tensor& tensor, int64_t iters) {
-             py::gil_scoped_release release;
-             const auto start = std::chrono::steady_clock::now();
-             for (int64_t i = 0; i < iters; ++i) backend.allreduceDirect(tensor, "sum");
-             return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+             return secondsFor(iters, [&] { backend.allreduceDirect(tensor, "sum"); });
            }, py::arg("tensor"), py::arg("iters"),
            "Seconds that `iters` SUM all-reduces of `tensor` take, called in a loop from C++.")
-      // The same through the backend's c10d entry (its op, Work and future), with no torch dispatch.
       .def("_time_work_all_reduce", [](PycommBackend& backend, const at::Tensor& tensor, int64_t iters) {
-             py::gil_scoped_release release;
              std::vector<at::Tensor> tensors{tensor};
              ::c10d::AllreduceOptions opts;
              opts.asyncOp = false;  // as dist.all_reduce without async_op
-             const auto start = std::chrono::steady_clock::now();
-             for (int64_t i = 0; i < iters; ++i) backend.allreduce(tensors, opts)->wait();
-             return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+             return secondsFor(iters, [&] { backend.allreduce(tensors, opts)->wait(); });
            }, py::arg("tensor"), py::arg("iters"),
            "Seconds that `iters` SUM all-reduces of `tensor` take through PycommBackend::allreduce and "
            "Work::wait, called in a loop from C++.")
