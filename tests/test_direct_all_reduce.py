@@ -173,10 +173,16 @@ def test_bad_input_fails_every_rank_promptly(pycomm: object) -> None:
             message, elapsed = outcome[label]
             assert message != "no error", f"rank {rank}, {label}: no error"
             assert elapsed < PROMPT_S, f"rank {rank}, {label}: raised after {elapsed:.1f}s: {message}"
-        assert "ValueError" in results[1]["unknown op"][0] and "median" in results[1]["unknown op"][0], (
-            results[1]["unknown op"][0]
-        )
         assert outcome["after"] == [3.0] * 5, f"rank {rank}: the group after the errors gave {outcome['after']}"
+
+
+    # The rank that passed it is told what it passed wrong, by rank and op.
+    assert "ValueError" in results[1]["unknown op"][0] and "median" in results[1]["unknown op"][0], (
+        results[1]["unknown op"][0]
+    )
+    for label in ("unknown op", "bitwise op on floats", "sparse tensor"):
+        message = results[1][label][0]
+        assert "[rank 1/3] direct_all_reduce_" in message, f"{label}: {message}"
 
 
 def test_refuses_a_group_of_another_backend(pycomm: Any) -> None:
