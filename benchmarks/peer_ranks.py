@@ -104,11 +104,9 @@ class TorchPeer(Peer):
             dist.init_process_group("pycomm", pg_options=pycomm.Options(transport=transport))
             self.name = f"pycomm ({transport})"
             if kind == "pycomm-direct":
-                group = dist.group.WORLD
-                assert group is not None
-                self.group_name = group.group_name
-                self.direct = torch.ops.pycomm.direct_all_reduce_
-                self.name = f"pycomm direct op ({transport})"
+                self.group = dist.group.WORLD
+                self.direct = pycomm.direct_all_reduce
+                self.name = f"pycomm.direct_all_reduce ({transport})"
         else:
             dist.init_process_group("gloo")
             self.name = f"gloo (torch {torch.__version__})"
@@ -121,7 +119,7 @@ class TorchPeer(Peer):
 
     def allreduce(self, buf: Any) -> None:
         if self.kind == "pycomm-direct":
-            self.direct(buf, "sum", self.group_name)
+            self.direct(buf, self.dist.ReduceOp.SUM, self.group)
         elif self.kind == "deepspeed":
             self.ds_comm.inference_all_reduce(buf)
         else:

@@ -7,7 +7,9 @@ rank 0's wall time per call over a loop, median of `--repeats` loops):
     dist, no FR     the same with the flight recorder off (TORCH_FR_BUFFER_SIZE=0)
     Work loop       PycommBackend::allreduce and Work::wait looped in C++ (_time_work_all_reduce):
                     pycomm's c10d entry, its op descriptor, Work and flight-recorder entry, the op
-    direct op       torch.ops.pycomm.direct_all_reduce_ (no Python wrapper, no c10d, no Work)
+    direct op       torch.ops.pycomm.direct_all_reduce_ (no c10d, no Work): a torch op called from
+                    Python, whose arguments torch parses against the schema
+    direct wrapper  pycomm.direct_all_reduce, which dispatches the same op from C++
     C++ loop        the direct call looped in C++ (PycommBackend._time_direct_all_reduce): pycomm's
                     checks, the core's op and the exchange, with no torch dispatch at all
 
@@ -53,6 +55,9 @@ if layer in ("fake", "dist", "dist-nofr"):
 elif layer == "direct":
     op, name = torch.ops.pycomm.direct_all_reduce_, dist.group.WORLD.group_name
     call = lambda: op(t, "sum", name)
+elif layer == "wrapper":
+    group = dist.group.WORLD
+    call = lambda: pycomm.direct_all_reduce(t, dist.ReduceOp.SUM, group)
 backend = None if layer == "fake" else dist.group.WORLD._get_backend(torch.device("cpu"))
 samples = []
 for _ in range(repeats + 1):
@@ -132,7 +137,8 @@ def main() -> None:
             rows.append((f"dist.all_reduce before ({args.base.name}), world {world}",
                          run("dist", world, transport, args, port, checkout=args.base.resolve())))
         for layer, label in (("dist", "dist.all_reduce"), ("dist-nofr", "dist.all_reduce, no flight recorder"),
-                             ("work", "Work loop"), ("direct", "direct op"), ("cpp", "C++ loop")):
+                             ("work", "Work loop"), ("direct", "direct op"),
+                             ("wrapper", "pycomm.direct_all_reduce"), ("cpp", "C++ loop")):
             port += 1
             rows.append((f"{label}, world {world}", run(layer, world, transport, args, port)))
     print(f"{args.bytes} B float32 all_reduce, {args.transport}, us per call (rank 0; median of {args.repeats} "

@@ -6,6 +6,8 @@ and the same failure behaviour: bad input raises here and fails the peers' op at
 that never comes fails it at the group timeout. Results are also checked against float64 (int64
 for integers) references built from every rank's deterministic input (reference.py's tolerances).
 A torch.compile'd function that calls the op traces it as one node and matches eager bit for bit.
+pycomm.direct_all_reduce calls the kernel from C++ when nothing would run before it (no mode, no
+subclass, nothing for autograd), and the torch op otherwise, and when traced.
 """
 
 from __future__ import annotations
@@ -202,6 +204,68 @@ def _gloo_group_worker(rank: int, world: int) -> str:
     return "no error"
 
 
+def _routes_worker(rank: int, world: int) -> list[str]:
+    """pycomm.direct_all_reduce calls the op's kernel from C++ only where the dispatcher would go
+    straight to it; a dispatch mode, a profiler, a Tensor subclass, autograd and inference tensors
+    get what torch.ops gives them. Each case is checked against the float64 reference."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import pycomm
+
+    class SeenOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    problems, note = problem_notes()
+    inputs = [input_for(500, r, (1031,), torch.float32, "sum") for r in range(world)]
+    expect = reduced_checker(inputs, "sum")
+
+    t = inputs[rank].clone()
+    with SeenOps() as mode:
+        pycomm.direct_all_reduce(t)
+    note("under a dispatch mode", expect(t))
+    note("the mode saw the op", None if mode.ops == ["pycomm.direct_all_reduce_.default"] else str(mode.ops))
+
+    t = inputs[rank].clone()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        pycomm.direct_all_reduce(t)
+    note("under a profiler", expect(t))
+    events = [e.name for e in profiler.events()]
+    note("the profiler saw the op", None if "pycomm::direct_all_reduce_" in events else str(events))
+
+    parameter = torch.nn.Parameter(inputs[rank].clone(), requires_grad=False)
+    pycomm.direct_all_reduce(parameter)
+    note("a Parameter (a Tensor subclass)", expect(parameter))
+
+    leaf = inputs[rank].clone().requires_grad_()
+    scaled = leaf * 1
+    pycomm.direct_all_reduce(scaled)
+    note("a tensor autograd records", expect(scaled.detach()))
+
+    with torch.inference_mode():
+        t = inputs[rank].clone()
+        pycomm.direct_all_reduce(t)
+    note("an inference tensor", expect(t))
+
+    # Every op by its ReduceOp, on the C++ route: the name the wrapper passes is the op's.
+    for op in ("sum", "product", "min", "max", "avg"):
+        t = inputs[rank].clone()
+        pycomm.direct_all_reduce(t, reduce_op(op), dist.group.WORLD)
+        note(f"{op} by ReduceOp", reduced_checker(inputs, op)(t))
+    return problems
+
+
+def test_wrapper_routes(pycomm: object) -> None:
+    per_rank = run_ranks(_routes_worker, 3, backend="pycomm", timeout_s=TIMEOUT_S)
+    failures = [f"rank {rank}: {p}" for rank, problems in enumerate(per_rank) for p in problems]
+    assert not failures, "\n".join(failures)
+
+
 SILENT_PG_TIMEOUT_S = 3.0
 SILENT_SLACK_S = 15.0
 
@@ -251,27 +315,38 @@ def _step(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return torch.sin(y) + x
 
 
+def _wrapper_step(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    import pycomm
+
+    y = x * 2 + 1
+    pycomm.direct_all_reduce(y, dist.ReduceOp.SUM, group)
+    return torch.sin(y) + x
+
+
 def _compiled_worker(rank: int, world: int) -> dict[str, Any]:
     from torch._dynamo.testing import CompileCounterWithBackend
 
     import pycomm  # noqa: F401  (registers torch.ops.pycomm)
 
-    name = dist.group.WORLD.group_name
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(_step, backend=counter, fullgraph=True)
     inputs = [input_for(300, r, (COMPILED_ROWS, 5), torch.float32, "sum") for r in range(world)]
-    first = compiled(inputs[rank], name)
-    again = compiled(inputs[rank], name)
-    eager = _step(inputs[rank], name)
     reference = torch.sin(torch.stack([2 * x.double() + 1 for x in inputs]).sum(0)) + inputs[rank].double()
-    targets = {str(node.target) for graph in counter.graphs for node in graph.graph.nodes}
-    return {
-        "frames": counter.frame_count,
-        "traced": any("direct_all_reduce_" in t for t in targets),
-        "vs eager": check_equal(first, eager),
-        "again vs eager": check_equal(again, eager),
-        "vs float64": float((eager.double() - reference).abs().max()),
-    }
+    results = {}
+    # The torch op itself, and pycomm.direct_all_reduce, which must take the op when traced.
+    for label, step, group in (("op", _step, dist.group.WORLD.group_name), ("wrapper", _wrapper_step, dist.group.WORLD)):
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(step, backend=counter, fullgraph=True)
+        first = compiled(inputs[rank], group)
+        again = compiled(inputs[rank], group)
+        eager = step(inputs[rank], group)
+        targets = {str(node.target) for graph in counter.graphs for node in graph.graph.nodes}
+        results[label] = {
+            "frames": counter.frame_count,
+            "traced": any("direct_all_reduce_" in t for t in targets),
+            "vs eager": check_equal(first, eager),
+            "again vs eager": check_equal(again, eager),
+            "vs float64": float((eager.double() - reference).abs().max()),
+        }
+    return results
 
 
 # float32 sum of 3 values |2x + 1| < 10 off by a few ulps of 30, through sin: measured 1e-6 or so.
@@ -280,9 +355,11 @@ COMPILED_REFERENCE_TOL = 1e-5
 
 def test_torch_compile_traces_the_op(pycomm: object) -> None:
     results = run_ranks(_compiled_worker, 3, backend="pycomm", timeout_s=TIMEOUT_S)
-    for rank, result in enumerate(results):
-        assert result["frames"] == 1, f"rank {rank}: {result['frames']} compiled frames (a graph break?)"
-        assert result["traced"], f"rank {rank}: the graph does not hold the direct op"
-        assert result["vs eager"] is None, f"rank {rank}: compiled vs eager: {result['vs eager']}"
-        assert result["again vs eager"] is None, f"rank {rank}: again vs eager: {result['again vs eager']}"
-        assert result["vs float64"] <= COMPILED_REFERENCE_TOL, f"rank {rank}: vs float64: {result['vs float64']}"
+    for rank, by_entry in enumerate(results):
+        for entry, result in by_entry.items():
+            where = f"rank {rank}, {entry}"
+            assert result["frames"] == 1, f"{where}: {result['frames']} compiled frames (a graph break?)"
+            assert result["traced"], f"{where}: the graph does not hold the direct op"
+            assert result["vs eager"] is None, f"{where}: compiled vs eager: {result['vs eager']}"
+            assert result["again vs eager"] is None, f"{where}: again vs eager: {result['again vs eager']}"
+            assert result["vs float64"] <= COMPILED_REFERENCE_TOL, f"{where}: vs float64: {result['vs float64']}"

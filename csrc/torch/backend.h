@@ -5,6 +5,7 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <atomic>
 #include <map>
@@ -185,5 +186,12 @@ class PycommBackend final : public ::c10d::Backend {
   std::atomic<uint64_t> splits_{0};             // split() calls so far: each one's store keys
   int shrinkDepth_ = 0;
 };
+
+// pycomm.direct_all_reduce's eager path (direct_allreduce.cc): torch.ops.pycomm.direct_all_reduce_
+// on `group`, with the kernel called at once when the dispatcher would call nothing before it (a
+// plain CPU tensor outside autograd and modes), and dispatched otherwise. A call through torch.ops
+// from Python parses its arguments against the schema, most of a 4 KiB op's time.
+void directAllreduceEager(at::Tensor tensor, const std::string& reduceOp,
+                          const c10::intrusive_ptr<::c10d::ProcessGroup>& group);
 
 }  // namespace pycomm::torch_adapter

@@ -8,7 +8,11 @@
 // torch op it is).
 //
 // The schema marks the tensor as written, and a Meta kernel lets torch.compile trace it: the op is
-// one node of the graph (functionalized around the write) and runs this kernel.
+// one node of the graph (functionalized around the write) and runs this kernel. In eager mode
+// pycomm.direct_all_reduce calls it from C++ (directAllreduceEager): through torch.ops from Python,
+// torch's parsing of the arguments against the schema costs more than a 4 KiB exchange.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/library.h>
 
@@ -36,19 +40,32 @@ namespace {
 
 // The group's pycomm backend, held for the op's length (a destroy_process_group on another thread
 // may drop the group's handles meanwhile: the dispatcher released the GIL).
-c10::intrusive_ptr<PycommBackend> pycommBackendOf(c10::string_view groupName) {
-  const auto group = ::c10d::resolve_process_group(std::string(groupName));
-  auto backend = group->getBackend(c10::DeviceType::CPU);
+c10::intrusive_ptr<PycommBackend> pycommBackendOf(::c10d::ProcessGroup& group) {
+  auto backend = group.getBackend(c10::DeviceType::CPU);
   auto* pycomm = dynamic_cast<PycommBackend*>(backend.get());
   // TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every backend of a plugin in torch's ProcessGroupWrapper,
   // which this op cannot see through: it says so.
-  TORCH_CHECK_VALUE(pycomm != nullptr, "pycomm direct_all_reduce_: group '", groupName, "' runs ",
+  TORCH_CHECK_VALUE(pycomm != nullptr, "pycomm direct_all_reduce_: group '", group.getGroupName(), "' runs ",
                     backend->getBackendName(), " on the CPU, not pycomm");
   return c10::intrusive_ptr<PycommBackend>::reclaim_copy(pycomm);
 }
 
 void directAllreduce(at::Tensor& self, c10::string_view reduceOp, c10::string_view groupName) {
-  pycommBackendOf(groupName)->allreduceDirect(self, reduceOp);
+  pycommBackendOf(*::c10d::resolve_process_group(std::string(groupName)))->allreduceDirect(self, reduceOp);
+}
+
+// Whether the dispatcher, given this tensor on this thread, would go straight to the op's kernel:
+// a dense CPU tensor (or an inference one) with no Python subclass key, no key a mode or
+// functionalization adds, nothing for autograd to record, and no profiler or other observer that
+// the dispatcher would report the op to.
+bool dispatchesStraightToKernel(const at::Tensor& tensor) {
+  if (at::hasCallbacks()) return false;
+  static const c10::DispatchKeySet plainCpu = c10::DispatchKeySet(c10::DispatchKey::CPU) |
+                                              c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit) |
+                                              c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
+  if (!plainCpu.isSupersetOf(tensor.key_set())) return false;
+  if (c10::impl::tls_local_dispatch_key_set().included_ != c10::default_included_set) return false;
+  return !(tensor.requires_grad() && at::GradMode::is_enabled());
 }
 
 void directAllreduceMeta(at::Tensor&, c10::string_view, c10::string_view) {}
@@ -116,6 +133,19 @@ void PycommBackend::allreduceDirect(const at::Tensor& tensor, c10::string_view r
     job.done.wait(lock, [&] { return job.finished; });
   }
   if (job.error) std::rethrow_exception(job.error);
+}
+
+void directAllreduceEager(at::Tensor tensor, const std::string& reduceOp,
+                          const c10::intrusive_ptr<::c10d::ProcessGroup>& group) {
+  TORCH_CHECK_VALUE(group, "pycomm direct_all_reduce_: expected a process group, got None");
+  if (tensor.defined() && dispatchesStraightToKernel(tensor)) {
+    pycommBackendOf(*group)->allreduceDirect(tensor, reduceOp);
+    return;
+  }
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("pycomm::direct_all_reduce_", "")
+                             .typed<void(at::Tensor&, c10::string_view, c10::string_view)>();
+  op.call(tensor, reduceOp, group->getGroupName());
 }
 
 TORCH_LIBRARY(pycomm, m) {

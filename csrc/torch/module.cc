@@ -223,6 +223,13 @@ PYBIND11_MODULE(_C, m) {
              return out;
            }, "Counters per op and codec since the group was created.");
 
+  m.def("direct_all_reduce_", [](const at::Tensor& tensor, const std::string& reduceOp,
+                                  const c10::intrusive_ptr<::c10d::ProcessGroup>& group) {
+    py::gil_scoped_release release;
+    pycomm::torch_adapter::directAllreduceEager(tensor, reduceOp, group);
+  }, py::arg("tensor"), py::arg("reduce_op"), py::arg("group"),
+     "torch.ops.pycomm.direct_all_reduce_(tensor, reduce_op, group.group_name), from C++ (backend.h).");
+
   // The wire parsers, exposed so tests can fuzz them with arbitrary bytes.
   m.def("flight_recorder_dump", [](const std::string& path) {
     py::gil_scoped_release release;
