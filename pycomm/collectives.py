@@ -88,39 +88,42 @@ def all_reduce(
     return None
 
 
+# The default op, compared by identity: hashing or naming a ReduceOp per call costs more than the
+# rest of the wrapper.
+_SUM = dist.ReduceOp.SUM
+
+
 def direct_all_reduce(
     tensor: torch.Tensor,
     op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
     group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """`tensor` (CPU) all-reduced in place on a pycomm group, synchronously, with no Work: the same
-    result as `dist.all_reduce`, in less time for small tensors. It is the torch op
-    `torch.ops.pycomm.direct_all_reduce_(tensor, op_name, group_name)`, which a tight loop (or
-    torch.compile, which traces it as one node) can call itself with the names resolved once (it
-    returns nothing):
-    `op_name` one of sum, avg, product, min, max, band, bor, bxor, and `group_name` the group's
-    `group_name`. This function calls the same op from C++, in about half the time of a call
-    through torch.ops from Python. Not recorded by the flight recorder; a profiler sees the torch
-    op, not a c10d Work. Unlike `dist.all_reduce` it takes no complex tensors (pass `torch.view_as_real(t)`) and
-    no PREMUL_SUM, and it refuses a group that torch wraps (TORCH_DISTRIBUTED_DEBUG=DETAIL).
-    Returns `tensor`."""
+    result as `dist.all_reduce`, in less time for small tensors. It runs the torch op
+    `torch.ops.pycomm.direct_all_reduce_(tensor, op_name, group_name)` (`op_name` one of sum, avg,
+    product, min, max, band, bor, bxor; it returns nothing), which torch.compile traces as one
+    node; in eager mode this function calls that op from C++, in about half the time of a call
+    through torch.ops from Python (docs/PERFORMANCE.md). Not recorded by the flight recorder; a
+    profiler sees the torch op, not a c10d Work. Unlike `dist.all_reduce` it takes no complex
+    tensors (pass `torch.view_as_real(t)`) and no PREMUL_SUM, and it refuses a group that torch
+    wraps (TORCH_DISTRIBUTED_DEBUG=DETAIL). Returns `tensor`."""
     # The op checks the name (and names the valid ones); PREMUL_SUM has none and is refused there.
     if op is _SUM:
         name = "sum"
     else:
         name = op.name.lower() if isinstance(op, dist.ReduceOp.RedOpType) else str(op)
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if type(tensor) is torch.Tensor and not torch.compiler.is_compiling():
+    if (type(tensor) is torch.Tensor and not torch.compiler.is_compiling()
+            and not torch._C._is_torch_function_mode_enabled()):
         # The same op, called from C++ (csrc/torch/backend.h): a call through torch.ops parses its
-        # arguments against the schema in Python, which is most of a 4 KiB op's time. A subclass
-        # (its __torch_function__) and torch.compile's tracing take torch.ops.
+        # arguments against the schema in Python, which is most of a 4 KiB op's time. What sees a
+        # torch.ops call in Python (a subclass's __torch_function__, a TorchFunctionMode, tracing by
+        # torch.compile) gets one.
         _C.direct_all_reduce_(tensor, name, pg)
     else:
         torch.ops.pycomm.direct_all_reduce_.default(tensor, name, pg.group_name)
     return tensor
 
-
-_SUM = dist.ReduceOp.SUM
 
 
 def stats(group: dist.ProcessGroup | None = None) -> dict[str, dict[str, float]]:

@@ -206,8 +206,9 @@ def _gloo_group_worker(rank: int, world: int) -> str:
 
 def _routes_worker(rank: int, world: int) -> list[str]:
     """pycomm.direct_all_reduce calls the op's kernel from C++ only where the dispatcher would go
-    straight to it; a dispatch mode, a profiler, a Tensor subclass, autograd and inference tensors
-    get what torch.ops gives them. Each case is checked against the float64 reference."""
+    straight to it; a dispatch mode, a profiler, a Tensor subclass, a TorchFunctionMode, autograd
+    and inference tensors get what torch.ops gives them. Each case is checked against the float64 reference."""
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     import pycomm
@@ -238,6 +239,36 @@ def _routes_worker(rank: int, world: int) -> list[str]:
     events = [e.name for e in profiler.events()]
     note("the profiler saw the op", None if "pycomm::direct_all_reduce_" in events else str(events))
 
+    class Traced(torch.Tensor):
+        calls: list[str] = []
+
+        @classmethod
+        def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            cls.calls.append(str(func))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    traced = inputs[rank].clone().as_subclass(Traced)
+    pycomm.direct_all_reduce(traced)
+    note("a subclass with __torch_function__", expect(traced.as_subclass(torch.Tensor)))
+    seen = [c for c in Traced.calls if "direct_all_reduce_" in c]
+    note("its __torch_function__ saw the op", None if seen else str(Traced.calls))
+
+    class SeenFunctions(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.funcs: list[str] = []
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.funcs.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    t = inputs[rank].clone()
+    with SeenFunctions() as function_mode:
+        pycomm.direct_all_reduce(t)
+    note("under a TorchFunctionMode", expect(t))
+    seen = [f for f in function_mode.funcs if "direct_all_reduce_" in f]
+    note("the TorchFunctionMode saw the op", None if seen else str(function_mode.funcs))
+
     parameter = torch.nn.Parameter(inputs[rank].clone(), requires_grad=False)
     pycomm.direct_all_reduce(parameter)
     note("a Parameter (a Tensor subclass)", expect(parameter))
@@ -251,6 +282,33 @@ def _routes_worker(rank: int, world: int) -> list[str]:
         t = inputs[rank].clone()
         pycomm.direct_all_reduce(t)
     note("an inference tensor", expect(t))
+
+    # Which tensors, on this thread, the C++ route hands to the kernel at once: where the dispatcher
+    # would call nothing else first. Every other case above goes through the dispatcher.
+    calls_kernel = pycomm._C._direct_all_reduce_calls_kernel
+    plain = inputs[rank].clone()
+    straight = {"a plain tensor": calls_kernel(plain), "a tensor that requires grad, no_grad": False,
+                "inference mode": False, "autocast": False}
+    with torch.no_grad():
+        straight["a tensor that requires grad, no_grad"] = calls_kernel(leaf)
+    with torch.inference_mode():
+        straight["inference mode"] = calls_kernel(torch.ones(3)) and calls_kernel(plain)
+    with torch.autocast("cpu"):
+        straight["autocast"] = calls_kernel(plain)
+    for label, taken in straight.items():
+        note(f"{label}: the kernel at once", None if taken else "dispatched")
+    with SeenOps():
+        dispatched = {"a dispatch mode": calls_kernel(plain)}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        dispatched["a profiler"] = calls_kernel(plain)
+    dispatched["a tensor autograd records"] = calls_kernel(scaled)
+    dispatched["a meta tensor"] = calls_kernel(torch.ones(3, device="meta"))
+    dispatched["a sparse tensor"] = calls_kernel(plain.to_sparse())
+    dispatched["a conjugate view"] = calls_kernel(torch.ones(3, dtype=torch.complex64).conj())
+    dispatched["under vmap"] = False
+    torch.func.vmap(lambda x: dispatched.__setitem__("under vmap", calls_kernel(x)) or x)(torch.ones(2, 3))
+    for label, taken in dispatched.items():
+        note(f"{label}: dispatched", "the kernel at once" if taken else None)
 
     # Every op by its ReduceOp, on the C++ route: the name the wrapper passes is the op's.
     for op in ("sum", "product", "min", "max", "avg"):

@@ -193,5 +193,8 @@ class PycommBackend final : public ::c10d::Backend {
 // from Python parses its arguments against the schema, most of a 4 KiB op's time.
 void directAllreduceEager(at::Tensor tensor, const std::string& reduceOp,
                           const c10::intrusive_ptr<::c10d::ProcessGroup>& group);
+// Whether the dispatcher, given `tensor` on this thread, would call nothing before the op's kernel
+// (so directAllreduceEager calls it at once).
+bool dispatchesStraightToKernel(const at::Tensor& tensor);
 
 }  // namespace pycomm::torch_adapter

@@ -54,20 +54,6 @@ void directAllreduce(at::Tensor& self, c10::string_view reduceOp, c10::string_vi
   pycommBackendOf(*::c10d::resolve_process_group(std::string(groupName)))->allreduceDirect(self, reduceOp);
 }
 
-// Whether the dispatcher, given this tensor on this thread, would go straight to the op's kernel:
-// a dense CPU tensor (or an inference one) with no Python subclass key, no key a mode or
-// functionalization adds, nothing for autograd to record, and no profiler or other observer that
-// the dispatcher would report the op to.
-bool dispatchesStraightToKernel(const at::Tensor& tensor) {
-  if (at::hasCallbacks()) return false;
-  static const c10::DispatchKeySet plainCpu = c10::DispatchKeySet(c10::DispatchKey::CPU) |
-                                              c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit) |
-                                              c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
-  if (!plainCpu.isSupersetOf(tensor.key_set())) return false;
-  if (c10::impl::tls_local_dispatch_key_set().included_ != c10::default_included_set) return false;
-  return !(tensor.requires_grad() && at::GradMode::is_enabled());
-}
-
 void directAllreduceMeta(at::Tensor&, c10::string_view, c10::string_view) {}
 
 // One direct all-reduce, run on the caller's thread or, queued behind earlier ops, on the worker
@@ -133,6 +119,22 @@ void PycommBackend::allreduceDirect(const at::Tensor& tensor, c10::string_view r
     job.done.wait(lock, [&] { return job.finished; });
   }
   if (job.error) std::rethrow_exception(job.error);
+}
+
+// Whether the dispatcher, given this tensor on this thread, would go straight to the op's kernel:
+// a dense CPU tensor (or an inference one) with no Python subclass key, no key a mode or
+// functionalization adds, nothing for autograd to record, and no profiler or other observer that
+// the dispatcher would report the op to.
+bool dispatchesStraightToKernel(const at::Tensor& tensor) {
+  if (at::hasCallbacks()) return false;
+  static const c10::DispatchKeySet plainCpu = c10::DispatchKeySet(c10::DispatchKey::CPU) |
+                                              c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit) |
+                                              c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
+  if (!plainCpu.isSupersetOf(tensor.key_set())) return false;
+  // Modes and functionalization add keys to the thread's included set; inference mode only takes
+  // ADInplaceOrView out of it, which leaves even less before the kernel.
+  if (!c10::default_included_set.isSupersetOf(c10::impl::tls_local_dispatch_key_set().included_)) return false;
+  return !(tensor.requires_grad() && at::GradMode::is_enabled());
 }
 
 void directAllreduceEager(at::Tensor tensor, const std::string& reduceOp,

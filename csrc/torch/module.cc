@@ -229,6 +229,8 @@ PYBIND11_MODULE(_C, m) {
     pycomm::torch_adapter::directAllreduceEager(tensor, reduceOp, group);
   }, py::arg("tensor"), py::arg("reduce_op"), py::arg("group"),
      "torch.ops.pycomm.direct_all_reduce_(tensor, reduce_op, group.group_name), from C++ (backend.h).");
+  m.def("_direct_all_reduce_calls_kernel", &pycomm::torch_adapter::dispatchesStraightToKernel, py::arg("tensor"),
+        "Whether direct_all_reduce_ of `tensor`, on this thread now, calls the kernel without the dispatcher.");
 
   // The wire parsers, exposed so tests can fuzz them with arbitrary bytes.
   m.def("flight_recorder_dump", [](const std::string& path) {
