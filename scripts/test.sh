@@ -22,7 +22,7 @@ setsid nice -n 19 bash -c '
     cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPYCOMM_SANITIZE=ON >/dev/null &&
       cmake --build build/asan -j 2 --target test_collectives test_codecs test_block_codec test_codec_simd test_ring \
         test_buffer_list test_queued_collectives test_handshake test_fuzz test_hierarchical_compressed test_matcher \
-        test_shrink
+        test_ring_links test_shrink
     echo $? > build/asan-build.rc' > build/native-build.log 2>&1 &
 builder=$!
 # The builder ends with this script, however it ends (a CI timeout's SIGTERM included).

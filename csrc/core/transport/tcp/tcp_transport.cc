@@ -217,11 +217,26 @@ std::string TcpTransport::judgeTimeout(int peer) {
 
 void TcpTransport::attachRings(int peer, shm::Ring out, shm::Ring in, std::shared_ptr<void> keepalive) {
   Connection& c = *connections_.at(peer);
-  std::lock_guard<std::mutex> recvLock(c.recvMutex);  // ringIn is the receive side's
+  auto replace = [&] {
+    c.ringOut = out;
+    c.ringIn = in;
+    c.ringMemory = std::move(keepalive);
+  };
+  {
+    std::lock_guard<std::mutex> recvLock(c.recvMutex);  // ringIn is the receive side's
+    std::lock_guard<std::mutex> sendLock(c.sendMutex);
+    // A setup that gives shared memory up after a peer moved onto it (the peer's vote passed, this
+    // rank's failed: a rank lost between the ballots it sent) drops rings the connection runs
+    // through. That peer can no longer be reached: it fails first, and the rings go after.
+    if (!(c.readViaRing && !in.valid()) && !(c.writeViaRing && !out.valid())) return replace();
+  }
+  // Once failed, the connection neither reads nor writes a ring (readSome asks the matcher first;
+  // its sends are closed).
+  failPeer(c, remoteError(strCat(context_, " peer ", peer, ": its connection runs through shared memory that this ",
+                                 "rank gave up (the group's setup failed after the move); connection closed")));
+  std::lock_guard<std::mutex> recvLock(c.recvMutex);
   std::lock_guard<std::mutex> sendLock(c.sendMutex);
-  c.ringOut = out;
-  c.ringIn = in;
-  c.ringMemory = std::move(keepalive);
+  replace();
 }
 
 void TcpTransport::moveToSharedMemory(int peer) {
