@@ -75,6 +75,20 @@ def _sparse_worker(rank: int, world: int) -> list[str]:
     except (ValueError, RuntimeError) as error:
         if "differs" not in str(error):
             problems.append(f"mismatched shapes: unclear error {error}")
+    # An index outside the shape on one rank (a tensor made without torch's invariant check) fails
+    # every rank, naming that rank, before any rank builds a tensor from it; no tensor changes.
+    culprit = world - 1
+    for wrong in (5, -1):
+        index = torch.tensor([[wrong if rank == culprit else rank % 5]])
+        outside = torch.sparse_coo_tensor(index, torch.tensor([1.0]), (5,), check_invariants=False)
+        try:
+            dist.all_reduce(outside)
+            problems.append(f"index {wrong} outside the shape (5,) on rank {culprit} was accepted")
+        except (ValueError, RuntimeError) as error:
+            if f"rank {culprit}" not in str(error) or "outside" not in str(error):
+                problems.append(f"index {wrong} outside the shape: unclear error {error}")
+        if not torch.equal(outside._indices(), index) or not torch.equal(outside._values(), torch.tensor([1.0])):
+            problems.append(f"index {wrong} outside the shape: the tensor changed to {outside}")
     try:
         dist.all_reduce(inputs[rank].clone(), op=dist.ReduceOp.MAX)
         problems.append("sparse MAX was accepted")
