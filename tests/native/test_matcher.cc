@@ -236,9 +236,38 @@ void testProbeFramesAreValidatedLikeAnyOther() {
   EXPECT_TRUE(validateHeader(past).find("unknown frame kind") != std::string::npos, validateHeader(past));
 }
 
+// A peer that sends a second frame for the same op and slot while the first is still held (no
+// receive posted yet) breaks the framing: the second is refused, which fails the peer by name,
+// instead of being dropped while its bytes stay counted against the peer's budget for good.
+void testSecondFrameForAHeldSlotIsRefused() {
+  Rig rig;
+  const OpSignature sig = signature(OpKind::kAllreduce, -1);
+  EXPECT_TRUE(rig.header(5, sig), "the first frame of seq 5 slot 0 is held");
+  rig.payload();
+  FrameInfo info;
+  info.seq = 5;
+  info.signature = sig;
+  rig.connection.header = makeHeader(FrameKind::kData, info, kBytes);
+  Completions completions;
+  const std::string why = rig.matcher.claim(rig.connection, completions);
+  finish(completions);
+  EXPECT_TRUE(why.find("peer 1") != std::string::npos && why.find("seq=5 slot=0") != std::string::npos &&
+                  why.find("twice") != std::string::npos,
+              "a second frame for seq 5 slot 0: '", why, "'");
+  // The first is still delivered to the receive posted for it.
+  std::vector<uint8_t> into(kBytes, 0);
+  auto recv = std::make_shared<Request>(Request::Direction::kRecv, 1, into.data(), kBytes);
+  rig.ledger.begin(5, sig);
+  rig.matcher.post(1, info, recv, completions);
+  finish(completions);
+  EXPECT_TRUE(recv->done() && recv->error() == nullptr && into == std::vector<uint8_t>(kBytes, 7),
+              "the held frame of seq 5 was not delivered");
+}
+
 }  // namespace
 
 int main() {
+  testSecondFrameForAHeldSlotIsRefused();
   testProbeFramesAreValidatedLikeAnyOther();
   testReportAheadFailsTheOpRunningHere(false);
   testReportAheadFailsTheOpRunningHere(true);

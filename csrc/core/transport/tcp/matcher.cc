@@ -137,6 +137,12 @@ std::string Matcher::claim(Connection& connection, Completions& completions) {
     }
   }
   if (connection.target != ReadTarget::kBuffer) return {};
+  // Each slot of an op carries one frame from a peer: a second one while the first is held would be
+  // dropped (one held frame per key), its bytes counted against the peer for good.
+  if (isCollective(h) && arrivedCollective_.count(CollectiveKey{peer, h.seq, h.slot}) != 0) {
+    return strCat(context_, " peer ", peer, " sent ", describeFrame(h),
+                  " twice before this rank posted its receive; connection closed");
+  }
   // What a peer may make this rank hold for receives not posted yet. Counted from the header on,
   // so a frame announcing more than the budget is refused before a byte of it is allocated.
   Source& source = sources_[peer];
