@@ -178,6 +178,46 @@ def test_point_to_point_wait_honours_its_timeout(pycomm: ModuleType) -> None:
     assert [r["after"] for r in results] == ["ok", "ok"], results
 
 
+BLOCK_PG_TIMEOUT_S = 3.0
+
+
+def _block_wait_timeout_worker(rank: int, world: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"first": _all_reduce_checked(rank, world)}
+    buf = torch.zeros(4)
+    if rank == 0:
+        # A block of one receive that no send ever matches: its Work is the block's.
+        for name, timeout in (("group", None), ("own", timedelta(seconds=1))):
+            works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 1)])
+            args = {} if timeout is None else {"timeout": timeout}
+            out[name] = _outcome(lambda works=works, args=args: [w.wait(**args) for w in works])
+    _store_barrier("block-wait", world)  # rank 1 sends nothing before rank 0's waits are over
+    # The receives that timed out are gone: this send reaches the receive posted after them.
+    if rank == 1:
+        dist.send(torch.full((4,), 7.0), dst=0)
+    else:
+        fresh = torch.zeros(4)
+        dist.recv(fresh, src=1)
+        out["fresh"] = fresh.tolist()
+        out["timed_out_buffer"] = buf.tolist()
+    out["after"] = _all_reduce_checked(rank, world)
+    return out
+
+
+def test_block_of_receives_waits_by_the_timeout(pycomm: ModuleType) -> None:
+    """batch_isend_irecv returns the block's Work: its wait() ends by the group's timeout (or its
+    own), detaching the block's receives, as a lone irecv's wait does."""
+    results = run_ranks(
+        _block_wait_timeout_worker, 2, backend="pycomm", timeout_s=60, pg_timeout_s=BLOCK_PG_TIMEOUT_S
+    )
+    group, own = results[0]["group"], results[0]["own"]
+    assert group["error"] is not None and "timed out" in group["message"], group
+    assert 0.9 * BLOCK_PG_TIMEOUT_S <= group["elapsed"] < BLOCK_PG_TIMEOUT_S + PROMPT_S, group
+    assert own["error"] is not None and "timed out" in own["message"] and 0.9 <= own["elapsed"] < PROMPT_S, own
+    assert results[0]["fresh"] == [7.0] * 4, results[0]
+    assert results[0]["timed_out_buffer"] == [0.0] * 4, results[0]
+    assert [r["first"] for r in results] == ["ok", "ok"] and [r["after"] for r in results] == ["ok", "ok"], results
+
+
 # ============================================================================================
 # Teardown from a completion callback, from another thread, with ops queued: never a crash.
 

@@ -79,17 +79,10 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::endCoalescing() {
     coalescing_ = false;
     works.swap(coalesced_);
   }
-  // torch hands the caller this Work in place of the block's: its wait() orders the caller's
-  // stream after every staged op of the block.
-  std::vector<std::shared_ptr<DeviceStaging>> stagings;
-  for (const auto& w : works) stagings.insert(stagings.end(), w->stagings().begin(), w->stagings().end());
   // Completes once every op of the block did, from their futures' callbacks: never from the worker,
   // where waiting for a receive would hold up the collectives queued behind the block (a receive
   // whose send comes after such a collective on the peer would never complete).
-  auto work = c10::make_intrusive<PycommWork>(rank_, ::c10d::OpType::COALESCED, "pycomm:coalesced",
-                                              c10::IValue(std::vector<at::Tensor>{}),
-                                              c10::ListType::create(c10::TensorType::get()), std::move(stagings),
-                                              profiledInputs([] { return std::vector<at::Tensor>{}; }));
+  auto work = c10::make_intrusive<CoalescedWork>(rank_, works);
   struct Countdown {
     std::mutex mutex;
     size_t left;

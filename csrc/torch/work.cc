@@ -189,13 +189,53 @@ bool PointToPointWork::wait(std::chrono::milliseconds timeout) {
   return PycommWork::wait(timeout);
 }
 
-void PointToPointWork::waitHost() {
+void PointToPointWork::waitHost() { waitHostFor(std::chrono::milliseconds(0)); }
+
+void PointToPointWork::waitHostFor(std::chrono::milliseconds timeout) {
   awaited_.store(true);
-  awaitRequest(comm_->timeout());
+  awaitRequest(timeout == std::chrono::milliseconds(0) ? comm_->timeout() : timeout);
   finishFromRequest();
   PycommWork::waitHost();
 }
 
 int PointToPointWork::sourceRank() const { return request_->peer(); }
+
+CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<PycommWork>> members)
+    : PycommWork(rank, ::c10d::OpType::COALESCED, "pycomm:coalesced", c10::IValue(std::vector<at::Tensor>{}),
+                 c10::ListType::create(c10::TensorType::get()),
+                 [&] {
+                   // Its wait() orders the caller's stream after every staged op of the block.
+                   std::vector<std::shared_ptr<DeviceStaging>> stagings;
+                   for (const auto& w : members) {
+                     stagings.insert(stagings.end(), w->stagings().begin(), w->stagings().end());
+                   }
+                   return stagings;
+                 }(),
+                 profiledInputs([] { return std::vector<at::Tensor>{}; })),
+      members_(std::move(members)) {}
+
+void CoalescedWork::waitPointToPoint(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (const auto& member : members_) {
+    auto* pointToPoint = dynamic_cast<PointToPointWork*>(member.get());
+    if (pointToPoint == nullptr) continue;
+    if (timeout == std::chrono::milliseconds(0)) {
+      pointToPoint->waitHostFor(timeout);
+      continue;
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pointToPoint->waitHostFor(std::max(left, std::chrono::milliseconds(1)));
+  }
+}
+
+bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
+  waitPointToPoint(timeout);
+  return PycommWork::wait(timeout);
+}
+
+void CoalescedWork::waitHost() {
+  waitPointToPoint(std::chrono::milliseconds(0));
+  PycommWork::waitHost();
+}
 
 }  // namespace pycomm::torch_adapter

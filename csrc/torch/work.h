@@ -103,6 +103,8 @@ class PointToPointWork final : public PycommWork {
   bool awaited() const { return awaited_.load(); }
   bool wait(std::chrono::milliseconds timeout) override;
   void waitHost() override;
+  // waitHost() by `timeout` (c10d's kNoTimeout, 0: the group's).
+  void waitHostFor(std::chrono::milliseconds timeout);
   int sourceRank() const override;
 
  private:
@@ -116,6 +118,24 @@ class PointToPointWork final : public PycommWork {
   std::function<void()> onReceived_;
   std::atomic<bool> finishing_{false};
   std::atomic<bool> awaited_{false};  // set for good by the first wait: it always finishes the Work
+};
+
+// A coalesced block's Work (batch_isend_irecv, _coalescing_manager), which torch returns in place of
+// its ops' Works: done once every op of the block is (PycommBackend::endCoalescing completes it).
+// Its waits first wait for each send and receive of the block as that op's own Work would, so a
+// receive nobody sends to ends by the group's timeout (or the wait's own) and is detached, as a lone
+// irecv's is; c10d's wait alone would wait for it for good. Collectives end by the group's timeout.
+class CoalescedWork final : public PycommWork {
+ public:
+  CoalescedWork(int rank, std::vector<c10::intrusive_ptr<PycommWork>> members);
+  bool wait(std::chrono::milliseconds timeout) override;
+  void waitHost() override;
+
+ private:
+  // Waits for the block's sends and receives, by one deadline `timeout` from now (0: the group's).
+  void waitPointToPoint(std::chrono::milliseconds timeout);
+
+  const std::vector<c10::intrusive_ptr<PycommWork>> members_;
 };
 
 }  // namespace pycomm::torch_adapter
