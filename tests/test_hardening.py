@@ -179,6 +179,7 @@ def test_point_to_point_wait_honours_its_timeout(pycomm: ModuleType) -> None:
 
 
 BLOCK_PG_TIMEOUT_S = 3.0
+BLOCK_LATE_SEND_S = 2.5  # the first receive of a block of two is matched this late
 
 
 def _block_wait_timeout_worker(rank: int, world: int) -> dict[str, Any]:
@@ -190,7 +191,18 @@ def _block_wait_timeout_worker(rank: int, world: int) -> dict[str, Any]:
             works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 1)])
             args = {} if timeout is None else {"timeout": timeout}
             out[name] = _outcome(lambda works=works, args=args: [w.wait(**args) for w in works])
-    _store_barrier("block-wait", world)  # rank 1 sends nothing before rank 0's waits are over
+    # One deadline for the whole block: a receive matched late leaves the next one only the rest of
+    # the group's timeout, not a timeout of its own.
+    _store_barrier("block-late", world)
+    if rank == 0:
+        late, never = torch.zeros(4), torch.zeros(4)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, late, 1), dist.P2POp(dist.irecv, never, 1, tag=1)])
+        out["late"] = _outcome(lambda: [w.wait() for w in works])
+        out["late_value"] = late.tolist()
+    else:
+        time.sleep(BLOCK_LATE_SEND_S)
+        dist.send(torch.full((4,), 5.0), dst=0)
+    _store_barrier("block-wait", world)  # rank 1 sends nothing more before rank 0's waits are over
     # The receives that timed out are gone: this send reaches the receive posted after them.
     if rank == 1:
         dist.send(torch.full((4,), 7.0), dst=0)
@@ -213,6 +225,10 @@ def test_block_of_receives_waits_by_the_timeout(pycomm: ModuleType) -> None:
     assert group["error"] is not None and "timed out" in group["message"], group
     assert 0.9 * BLOCK_PG_TIMEOUT_S <= group["elapsed"] < BLOCK_PG_TIMEOUT_S + PROMPT_S, group
     assert own["error"] is not None and "timed out" in own["message"] and 0.9 <= own["elapsed"] < PROMPT_S, own
+    late = results[0]["late"]
+    assert late["error"] is not None and "timed out" in late["message"], late
+    assert late["elapsed"] < BLOCK_PG_TIMEOUT_S * 1.5, f"a block's receives waited a timeout each: {late}"
+    assert results[0]["late_value"] == [5.0] * 4, results[0]
     assert results[0]["fresh"] == [7.0] * 4, results[0]
     assert results[0]["timed_out_buffer"] == [0.0] * 4, results[0]
     assert [r["first"] for r in results] == ["ok", "ok"] and [r["after"] for r in results] == ["ok", "ok"], results

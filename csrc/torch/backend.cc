@@ -82,7 +82,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::endCoalescing() {
   // Completes once every op of the block did, from their futures' callbacks: never from the worker,
   // where waiting for a receive would hold up the collectives queued behind the block (a receive
   // whose send comes after such a collective on the peer would never complete).
-  auto work = c10::make_intrusive<CoalescedWork>(rank_, works);
+  auto work = c10::make_intrusive<CoalescedWork>(rank_, works, comm_->timeout());
   struct Countdown {
     std::mutex mutex;
     size_t left;

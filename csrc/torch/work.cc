@@ -200,7 +200,8 @@ void PointToPointWork::waitHostFor(std::chrono::milliseconds timeout) {
 
 int PointToPointWork::sourceRank() const { return request_->peer(); }
 
-CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<PycommWork>> members)
+CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<PycommWork>> members,
+                             std::chrono::milliseconds groupTimeout)
     : PycommWork(rank, ::c10d::OpType::COALESCED, "pycomm:coalesced", c10::IValue(std::vector<at::Tensor>{}),
                  c10::ListType::create(c10::TensorType::get()),
                  [&] {
@@ -212,17 +213,17 @@ CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<PycommWork
                    return stagings;
                  }(),
                  profiledInputs([] { return std::vector<at::Tensor>{}; })),
-      members_(std::move(members)) {}
+      members_(std::move(members)),
+      groupTimeout_(groupTimeout) {}
 
 void CoalescedWork::waitPointToPoint(std::chrono::milliseconds timeout) {
+  // One deadline for the whole block, not one per op: a block of n receives nobody sends to ends
+  // after one timeout, not n.
+  if (timeout == std::chrono::milliseconds(0)) timeout = groupTimeout_;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (const auto& member : members_) {
     auto* pointToPoint = dynamic_cast<PointToPointWork*>(member.get());
     if (pointToPoint == nullptr) continue;
-    if (timeout == std::chrono::milliseconds(0)) {
-      pointToPoint->waitHostFor(timeout);
-      continue;
-    }
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pointToPoint->waitHostFor(std::max(left, std::chrono::milliseconds(1)));
   }

@@ -127,15 +127,18 @@ class PointToPointWork final : public PycommWork {
 // irecv's is; c10d's wait alone would wait for it for good. Collectives end by the group's timeout.
 class CoalescedWork final : public PycommWork {
  public:
-  CoalescedWork(int rank, std::vector<c10::intrusive_ptr<PycommWork>> members);
+  // `groupTimeout`: what a wait with c10d's kNoTimeout (0) waits for the block's sends and receives.
+  CoalescedWork(int rank, std::vector<c10::intrusive_ptr<PycommWork>> members,
+                std::chrono::milliseconds groupTimeout);
   bool wait(std::chrono::milliseconds timeout) override;
   void waitHost() override;
 
  private:
-  // Waits for the block's sends and receives, by one deadline `timeout` from now (0: the group's).
+  // Waits for the block's sends and receives, by one deadline `timeout` from now (0: groupTimeout).
   void waitPointToPoint(std::chrono::milliseconds timeout);
 
   const std::vector<c10::intrusive_ptr<PycommWork>> members_;
+  const std::chrono::milliseconds groupTimeout_;
 };
 
 }  // namespace pycomm::torch_adapter
