@@ -202,7 +202,20 @@ def _block_wait_timeout_worker(rank: int, world: int) -> dict[str, Any]:
     else:
         time.sleep(BLOCK_LATE_SEND_S)
         dist.send(torch.full((4,), 5.0), dst=0)
+    # A block of two receives nobody sends to: the wait raises at the first one's timeout, and the
+    # second is detached as well (a later send with its tag goes to the next receive, not to it).
+    if rank == 0:
+        first, second = torch.zeros(4), torch.zeros(4)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, first, 1), dist.P2POp(dist.irecv, second, 1, tag=2)])
+        out["both"] = _outcome(lambda: [w.wait(timeout=timedelta(seconds=1)) for w in works])
     _store_barrier("block-wait", world)  # rank 1 sends nothing more before rank 0's waits are over
+    if rank == 1:
+        dist.send(torch.full((4,), 9.0), dst=0, tag=2)
+    else:
+        fresh_tagged = torch.zeros(4)
+        dist.recv(fresh_tagged, src=1, tag=2)
+        out["fresh_tagged"] = fresh_tagged.tolist()
+        out["second_buffer"] = second.tolist()
     # The receives that timed out are gone: this send reaches the receive posted after them.
     if rank == 1:
         dist.send(torch.full((4,), 7.0), dst=0)
@@ -229,6 +242,10 @@ def test_block_of_receives_waits_by_the_timeout(pycomm: ModuleType) -> None:
     assert late["error"] is not None and "timed out" in late["message"], late
     assert late["elapsed"] < BLOCK_PG_TIMEOUT_S * 1.5, f"a block's receives waited a timeout each: {late}"
     assert results[0]["late_value"] == [5.0] * 4, results[0]
+    both = results[0]["both"]
+    assert both["error"] is not None and "timed out" in both["message"] and both["elapsed"] < PROMPT_S, both
+    assert results[0]["fresh_tagged"] == [9.0] * 4, results[0]
+    assert results[0]["second_buffer"] == [0.0] * 4, f"a receive of the block was left posted: {results[0]}"
     assert results[0]["fresh"] == [7.0] * 4, results[0]
     assert results[0]["timed_out_buffer"] == [0.0] * 4, results[0]
     assert [r["first"] for r in results] == ["ok", "ok"] and [r["after"] for r in results] == ["ok", "ok"], results

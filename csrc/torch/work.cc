@@ -218,15 +218,22 @@ CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<PycommWork
 
 void CoalescedWork::waitPointToPoint(std::chrono::milliseconds timeout) {
   // One deadline for the whole block, not one per op: a block of n receives nobody sends to ends
-  // after one timeout, not n.
+  // after one timeout, not n. Past a failure the rest still wait (out of time, they are detached):
+  // a receive left posted would take a later send meant for the next receive.
   if (timeout == std::chrono::milliseconds(0)) timeout = groupTimeout_;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::exception_ptr firstFailure;
   for (const auto& member : members_) {
     auto* pointToPoint = dynamic_cast<PointToPointWork*>(member.get());
     if (pointToPoint == nullptr) continue;
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pointToPoint->waitHostFor(std::max(left, std::chrono::milliseconds(1)));
+    try {
+      pointToPoint->waitHostFor(std::max(left, std::chrono::milliseconds(1)));
+    } catch (const std::exception&) {
+      if (!firstFailure) firstFailure = std::current_exception();
+    }
   }
+  if (firstFailure) std::rethrow_exception(firstFailure);
 }
 
 bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
