@@ -174,7 +174,8 @@ void PointToPointWork::finishFromRequest() {
 
 void PointToPointWork::awaitRequest(std::chrono::milliseconds timeout) {
   try {
-    comm_->waitPointToPoint(request_, what_, timeout);
+    // c10d's kNoTimeout (0) means the group's; any other is this wait's own.
+    comm_->waitPointToPoint(request_, what_, timeout == std::chrono::milliseconds(0) ? comm_->timeout() : timeout);
   } catch (const std::exception&) {
     complete(std::current_exception());
     throw;
@@ -183,8 +184,7 @@ void PointToPointWork::awaitRequest(std::chrono::milliseconds timeout) {
 
 bool PointToPointWork::wait(std::chrono::milliseconds timeout) {
   awaited_.store(true);
-  // c10d's kNoTimeout (0) means the group's; any other is this wait's own.
-  awaitRequest(timeout == std::chrono::milliseconds(0) ? comm_->timeout() : timeout);
+  awaitRequest(timeout);
   finishFromRequest();  // here, rather than waiting for the completion thread to get to it
   return PycommWork::wait(timeout);
 }
@@ -193,7 +193,7 @@ void PointToPointWork::waitHost() { waitHostFor(std::chrono::milliseconds(0)); }
 
 void PointToPointWork::waitHostFor(std::chrono::milliseconds timeout) {
   awaited_.store(true);
-  awaitRequest(timeout == std::chrono::milliseconds(0) ? comm_->timeout() : timeout);
+  awaitRequest(timeout);
   finishFromRequest();
   PycommWork::waitHost();
 }

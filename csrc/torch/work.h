@@ -108,8 +108,8 @@ class PointToPointWork final : public PycommWork {
   int sourceRank() const override;
 
  private:
-  // Waits for the request up to `timeout`; a failure (or the timeout, which detaches the request)
-  // completes the Work with it.
+  // Waits for the request up to `timeout` (c10d's kNoTimeout, 0: the group's); a failure (or the
+  // timeout, which detaches the request) completes the Work with it.
   void awaitRequest(std::chrono::milliseconds timeout);
 
   std::shared_ptr<Communicator> comm_;

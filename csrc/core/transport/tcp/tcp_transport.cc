@@ -228,7 +228,8 @@ void TcpTransport::attachRings(int peer, shm::Ring out, shm::Ring in, std::share
     // A setup that gives shared memory up after a peer moved onto it (the peer's vote passed, this
     // rank's failed: a rank lost between the ballots it sent) drops rings the connection runs
     // through. That peer can no longer be reached: it fails first, and the rings go after.
-    if (!(c.readViaRing && !in.valid()) && !(c.writeViaRing && !out.valid())) return replace();
+    const bool stranded = (c.readViaRing && !in.valid()) || (c.writeViaRing && !out.valid());
+    if (!stranded) return replace();
   }
   // Once failed, the connection neither reads nor writes a ring (readSome asks the matcher first;
   // its sends are closed).
