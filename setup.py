@@ -75,6 +75,16 @@ def with_cuda() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc"))
 
 
+# The extension must use the libstdc++ the process already has (torch's), never a copy of its own:
+# a second copy keeps its own locale facet ids, so the first `os << int` in the extension called a
+# wrong facet and crashed (SIGSEGV in Communicator's constructor on every rank, on the GPU machine,
+# where the compiler named by CXX, a GCC of the image's own, linked its libstdc++.a: the extension
+# NEEDED no libstdc++.so). Naming the shared library before the compiler's own runtime makes the
+# linker resolve every libstdc++ symbol there, so nothing is pulled from an archive.
+# tests/test_extension_link.py checks the built extension.
+SHARED_LIBSTDCXX = ["-l:libstdc++.so.6"]
+
+
 def extension() -> CppExtension:
     if not with_cuda():
         return CppExtension(
@@ -82,6 +92,7 @@ def extension() -> CppExtension:
             sources=sources(),
             include_dirs=[os.path.join(ROOT, "csrc")],
             extra_compile_args={"cxx": CXX_FLAGS},
+            extra_link_args=SHARED_LIBSTDCXX,
         )
     return CUDAExtension(
         name="pycomm._C",
@@ -89,6 +100,7 @@ def extension() -> CppExtension:
         include_dirs=[os.path.join(ROOT, "csrc")],
         define_macros=[("PYCOMM_WITH_CUDA", "1")],
         libraries=["dl"],  # NCCL is loaded at run time (csrc/cuda/nccl_library.cc)
+        extra_link_args=SHARED_LIBSTDCXX,
         extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]},
     )
 

@@ -12,8 +12,9 @@
 #   --bench-mib N   fp32 buffer size of the timing section (default 256)
 #   --no-torch      skip the backend part: building the extension against this machine's torch,
 #                   tests/test_cuda_staged.py, tests/test_cuda_nccl.py and benchmarks/cuda_staged.py
-#                   (all_reduce of CUDA tensors at world 2 on one GPU, staged, against gloo), which
-#                   run last otherwise
+#                   (all_reduce of CUDA tensors at world 2 on one GPU, staged, against gloo) and
+#                   benchmarks/cuda_nccl.py (the NCCL route against torch's NCCL), which run last
+#                   otherwise
 #   --backend-only  skip the kernel part (for a rerun of the backend part alone)
 #
 # Rough times on a 16-core machine with an H200: kernel build about a minute, kernel checks with
@@ -165,20 +166,28 @@ elif ! python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
 else
   echo "== backend: CUDA tensors (staged), build ==" | tee -a "$RESULT"
   set +e
-  MAX_JOBS="$JOBS" python3 -m pip install -q --no-build-isolation --no-deps -e . >"$BUILD/extension.log" 2>&1
+  # Built in place and imported through PYTHONPATH: `pip install -e .` wants setuptools from the
+  # package index for its editable wheel, and the GPU machine reaches none.
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  # NCCL as torch's wheel brings it (the one that ran on the H200), unless PYCOMM_NCCL_LIBRARY names one.
+  if [[ -z "${PYCOMM_NCCL_LIBRARY:-}" ]]; then
+    nccl_lib="$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
+    [[ -n "$nccl_lib" && -f "$nccl_lib" ]] && export PYCOMM_NCCL_LIBRARY="$nccl_lib"
+  fi
+  MAX_JOBS="$JOBS" python3 setup.py -q build_ext --inplace >"$BUILD/extension.log" 2>&1
   cuda_ext_rc=$?
   ext_rc=$cuda_ext_rc
   tail -n 5 "$BUILD/extension.log" | tee -a "$RESULT"
   if [[ $cuda_ext_rc -ne 0 ]]; then
     # The staged path needs no kernels: check it with a CPU-only extension rather than not at all.
     echo "gpu_check: the CUDA extension did not build; the backend is checked with PYCOMM_NO_CUDA=1" | tee -a "$RESULT"
-    PYCOMM_NO_CUDA=1 MAX_JOBS="$JOBS" python3 -m pip install -q --no-build-isolation --no-deps -e . >>"$BUILD/extension.log" 2>&1
+    PYCOMM_NO_CUDA=1 MAX_JOBS="$JOBS" python3 setup.py -q build_ext --inplace >>"$BUILD/extension.log" 2>&1
     ext_rc=$?
   fi
   if [[ $ext_rc -eq 0 ]]; then
     python3 -c 'import pycomm; print("pycomm.cuda_available():", pycomm.cuda_available())' 2>&1 | tee -a "$RESULT"
-    echo "== backend: tests/test_cuda_staged.py ==" | tee -a "$RESULT"
-    python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_staged.py 2>&1 | tail -n 30 | tee -a "$RESULT"
+    echo "== backend: tests/test_extension_link.py, tests/test_cuda_staged.py ==" | tee -a "$RESULT"
+    python3 -m pytest -q -x -p no:cacheprovider tests/test_extension_link.py tests/test_cuda_staged.py 2>&1 | tail -n 30 | tee -a "$RESULT"
     staged_rc=${PIPESTATUS[0]}
     # NCCL needs the CUDA extension; on one GPU the test gives each rank its own NCCL_HOSTID.
     echo "== backend: tests/test_cuda_nccl.py (collectives over NCCL point-to-point) ==" | tee -a "$RESULT"
@@ -187,6 +196,11 @@ else
     echo "== backend: all_reduce, world 2 on one GPU, pycomm (staged) vs gloo ==" | tee -a "$RESULT"
     python3 benchmarks/cuda_staged.py 2>&1 | tee -a "$RESULT"
     [[ ${PIPESTATUS[0]} -ne 0 && $staged_rc -eq 0 ]] && staged_rc=1
+    if [[ $cuda_ext_rc -eq 0 ]]; then
+      echo "== backend: all_reduce, world 2 on one GPU, pycomm's NCCL route vs torch's NCCL ==" | tee -a "$RESULT"
+      python3 benchmarks/cuda_nccl.py 2>&1 | tee -a "$RESULT"
+      [[ ${PIPESTATUS[0]} -ne 0 && $staged_rc -eq 0 ]] && staged_rc=1
+    fi
     [[ $cuda_ext_rc -ne 0 && $staged_rc -eq 0 ]] && staged_rc=1  # the CUDA extension's build failure stands
   else
     staged_rc=1
