@@ -161,6 +161,7 @@ def create_backend(dist_options: Any, pg_options: Any) -> _C.PycommBackend:
         "host_id": host_id(),
         "compression": options.compression,
         "chunk_bytes": options.chunk_bytes,
+        "cuda_chunk_bytes": options.cuda_chunk_bytes,
         "bucket_bytes": options.bucket_bytes,
         "tcp_linger_ms": options.tcp_linger_ms,
         "unexpected_bytes": options.unexpected_bytes,

@@ -13,6 +13,10 @@ CUDA_TRANSPORTS = ("auto", "nccl", "staged")
 COMPRESSIONS = ("none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 DEFAULT_CHUNK_BYTES = 512 * 1024
+# The NCCL route runs a chunk's NCCL group and kernels one after another, so a chunk buys no overlap
+# there, only one more NCCL latency: on an H200 (docs/PERFORMANCE.md, CUDA) 16 MiB chunks made the
+# compressed all-reduce 1.1-1.9x torch's NCCL at 16-64 MiB, where 512 KiB ones left it at 0.12x.
+DEFAULT_CUDA_CHUNK_BYTES = 16 * 1024 * 1024
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 DEFAULT_TCP_LINGER_MS = 10
 # Frames a peer sent before this rank posted their receive, held per peer. A broadcast root or a
@@ -29,6 +33,7 @@ ENVIRONMENT = {
     "cuda_transport": "PYCOMM_CUDA_TRANSPORT",
     "socket_ifname": "PYCOMM_SOCKET_IFNAME",
     "chunk_bytes": "PYCOMM_CHUNK_BYTES",
+    "cuda_chunk_bytes": "PYCOMM_CUDA_CHUNK_BYTES",
     "bucket_bytes": "PYCOMM_BUCKET_BYTES",
     "tcp_linger_ms": "PYCOMM_TCP_LINGER_MS",
     "unexpected_bytes": "PYCOMM_UNEXPECTED_BYTES",
@@ -69,7 +74,12 @@ _CHOICES = (
     ("cuda_transport", "cuda_transport", CUDA_TRANSPORTS),
     ("debug", "debug level", DEBUG_LEVELS),
 )
-_SIZES = (("chunk_bytes", MIN_CHUNK_BYTES), ("bucket_bytes", 1), ("unexpected_bytes", MIN_CHUNK_BYTES))
+_SIZES = (
+    ("chunk_bytes", MIN_CHUNK_BYTES),
+    ("cuda_chunk_bytes", MIN_CHUNK_BYTES),
+    ("bucket_bytes", 1),
+    ("unexpected_bytes", MIN_CHUNK_BYTES),
+)
 
 
 @dataclasses.dataclass
@@ -85,6 +95,7 @@ class Options:
     transport: str | None = None  # auto, tcp, shm (one host only)
     socket_ifname: str | None = None  # interface to listen on (default: the one reaching the store)
     chunk_bytes: int | None = None  # pipelining grain of large ops
+    cuda_chunk_bytes: int | None = None  # the same for CUDA tensors on the NCCL route
     bucket_bytes: int | None = None  # all_reduce_coalesced fuses tensors into buckets this large
     timeout: datetime.timedelta | float | None = None  # overrides init_process_group's timeout
     debug: str | None = None  # WARN, INFO (one line per op), TRACE
@@ -136,6 +147,7 @@ class Options:
         values["cuda_transport"] = values["cuda_transport"] or "auto"
         values["compression"] = values["compression"] or "none"
         values["chunk_bytes"] = values["chunk_bytes"] or DEFAULT_CHUNK_BYTES
+        values["cuda_chunk_bytes"] = values["cuda_chunk_bytes"] or DEFAULT_CUDA_CHUNK_BYTES
         values["bucket_bytes"] = values["bucket_bytes"] or DEFAULT_BUCKET_BYTES
         values["debug"] = values["debug"] or "WARN"
         values["unexpected_bytes"] = values["unexpected_bytes"] or DEFAULT_UNEXPECTED_BYTES

@@ -231,6 +231,22 @@ def test_bad_tcp_linger(pycomm: ModuleType, value: object) -> None:
         pycomm.Options(tcp_linger_ms=value)
 
 
+def test_cuda_chunk_bytes(pycomm: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NCCL route's own grain: 16 MiB unless set, from the option or the environment, never
+    below the 4 KiB that chunk_bytes allows; a group takes it (the core reads the key)."""
+    monkeypatch.delenv("PYCOMM_CUDA_CHUNK_BYTES", raising=False)
+    assert pycomm.Options().resolved().cuda_chunk_bytes == 16 << 20
+    assert pycomm.Options().resolved().chunk_bytes == 512 << 10  # the CPU's grain is its own
+    assert pycomm.Options(cuda_chunk_bytes=1 << 20).resolved().cuda_chunk_bytes == 1 << 20
+    monkeypatch.setenv("PYCOMM_CUDA_CHUNK_BYTES", "65536")
+    assert pycomm.Options().resolved().cuda_chunk_bytes == 65536
+    with pytest.raises(ValueError, match="cuda_chunk_bytes"):
+        pycomm.Options(cuda_chunk_bytes=4095)
+    monkeypatch.setenv("PYCOMM_CUDA_CHUNK_BYTES", "100")
+    with pytest.raises(ValueError, match="PYCOMM_"):
+        pycomm.Options().resolved()
+
+
 def test_tcp_linger_from_the_environment(pycomm: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYCOMM_TCP_LINGER_MS", "0")
     assert pycomm.Options().resolved().tcp_linger_ms == 0  # 0 is a value, not "unset"

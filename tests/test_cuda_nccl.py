@@ -190,7 +190,7 @@ def _check_other_schedules(
     def pair(**options: Any) -> tuple[Any, Any]:
         on_gpu = dist.new_group(
             backend="pycomm",
-            pg_options=pycomm.Options(cuda_transport="nccl", chunk_bytes=CHUNK_BYTES, **options),
+            pg_options=pycomm.Options(cuda_transport="nccl", chunk_bytes=CHUNK_BYTES, cuda_chunk_bytes=CHUNK_BYTES, **options),
         )
         on_cpu = dist.new_group(
             backend="pycomm",
@@ -292,7 +292,7 @@ def _spawn(world: int) -> list[Any]:
         backend="pycomm",
         timeout_s=TIMEOUT_S,
         pg_timeout_s=PG_TIMEOUT_S,
-        pg_options=pycomm.Options(cuda_transport="nccl", chunk_bytes=CHUNK_BYTES),
+        pg_options=pycomm.Options(cuda_transport="nccl", chunk_bytes=CHUNK_BYTES, cuda_chunk_bytes=CHUNK_BYTES),
     )
 
 

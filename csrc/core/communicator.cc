@@ -35,6 +35,7 @@ constexpr size_t kMaxChunkBytes = size_t{1} << 40;
 Config withClampedLimits(Config config) {
   config.timeout = clampTimeout(config.timeout);
   config.chunkBytes = std::min(config.chunkBytes, kMaxChunkBytes);
+  config.deviceChunkBytes = std::min(config.deviceChunkBytes, kMaxChunkBytes);
   return config;
 }
 

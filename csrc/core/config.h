@@ -80,6 +80,9 @@ struct Config {
   Algorithm algorithm = Algorithm::kAuto;
   // Pipelining grain: large ops are cut into chunks of this many bytes (measured default).
   size_t chunkBytes = 512 * 1024;
+  // The grain of ops on a queued link (the NCCL route), which runs a chunk's transfers and kernels
+  // one after another: a chunk there buys no overlap, only one more NCCL latency (measured default).
+  size_t deviceChunkBytes = 16 * 1024 * 1024;
   CostModel costModel;
   // allreduce_coalesced fuses tensors into buckets of at most this many bytes (DDP's default).
   size_t bucketBytes = 25 * 1024 * 1024;

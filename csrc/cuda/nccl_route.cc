@@ -32,7 +32,7 @@ struct Record {
 std::string optionsOf(const Record& record) {
   const auto codec = transport::codecOfSignature(record.codec);
   return strCat("algorithm=", algorithmName(static_cast<Algorithm>(record.algorithm)), ", compression=",
-                codec ? codecs::codecName(*codec) : record.codec == 0 ? "none" : "unknown", ", chunk_bytes=",
+                codec ? codecs::codecName(*codec) : record.codec == 0 ? "none" : "unknown", ", cuda_chunk_bytes=",
                 record.chunkBytes);
 }
 
@@ -91,7 +91,7 @@ std::shared_ptr<NcclComm> NcclRoute::decide(Communicator& comm, Store& store, in
       const Config& config = comm.config();
       mine.algorithm = static_cast<uint8_t>(config.algorithm);
       mine.codec = transport::signatureCodec(config.compression);
-      mine.chunkBytes = config.chunkBytes;
+      mine.chunkBytes = config.deviceChunkBytes;
       comm.allgather(&mine, all.data(), sizeof(Record), DataType::kUInt8);
       exchanged.set_value();
     } catch (const std::exception&) {

@@ -32,7 +32,7 @@ struct BroadcastOp final : CollectiveOp {
                    static_cast<int>(root));
   }
   void runOnDevice(algorithms::QueuedLink& link, const Config& config) override {
-    deviceBroadcast(link, list[0], static_cast<int>(root), config.chunkBytes);
+    deviceBroadcast(link, list[0], static_cast<int>(root), config.deviceChunkBytes);
   }
 
   std::vector<at::Tensor> list;

@@ -26,7 +26,7 @@ algorithms::QueuedStamp stampForRun(algorithms::QueuedStamp stamp, const Config&
   if (stamp.signature.kind == transport::OpKind::kAllreduce && stamp.signature.codec == 0) {
     stamp.algorithm = static_cast<uint8_t>(algorithms::queued::allreduceAlgorithm(config));
   }
-  stamp.chunkBytes = config.chunkBytes;
+  stamp.chunkBytes = config.deviceChunkBytes;
   return stamp;
 }
 #endif

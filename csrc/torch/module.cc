@@ -101,6 +101,7 @@ Config parseConfig(int rank, int size, const py::dict& config) {
     throw py::value_error(e.what());
   }
   c.chunkBytes = required<size_t>(config, "chunk_bytes");
+  c.deviceChunkBytes = required<size_t>(config, "cuda_chunk_bytes");
   c.transport = choice<pycomm::TransportKind>(config, "transport", {{"auto", pycomm::TransportKind::kAuto},
                                                                      {"tcp", pycomm::TransportKind::kTcp},
                                                                      {"shm", pycomm::TransportKind::kShm}});
