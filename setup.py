@@ -80,7 +80,8 @@ def with_cuda() -> bool:
 # wrong facet and crashed (SIGSEGV in Communicator's constructor on every rank, on the GPU machine,
 # where the compiler named by CXX, a GCC of the image's own, linked its libstdc++.a: the extension
 # NEEDED no libstdc++.so). Naming the shared library before the compiler's own runtime makes the
-# linker resolve every libstdc++ symbol there, so nothing is pulled from an archive.
+# linker resolve there every libstdc++ symbol that library has; only a symbol it lacks (a runtime
+# newer than the process's) could still come from an archive.
 # tests/test_extension_link.py checks the built extension.
 SHARED_LIBSTDCXX = ["-l:libstdc++.so.6"]
 

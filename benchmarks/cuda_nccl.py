@@ -12,8 +12,8 @@ call and bus bandwidth (2(p-1)/p bytes of the fp32 tensor per byte, whatever the
 wire). The NCCL route keeps no byte counters (pycomm.stats() counts the CPU transports only), so the
 compressed routes' wire bytes are the schedule's: per call each rank sends 2(p-1)/p of the tensor's
 elements at 2 bytes (bf16) or 1 byte (fp8) instead of 4. Each route is checked once per size on
-values every codec carries exactly (rank + 1, sum 3). Needs a GPU; exits 0 with a message where
-torch sees none.
+values every codec carries exactly (rank + 1, sum 3), on every rank. Needs a GPU; exits 0 with a
+message where torch sees none.
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ def worker(rank: int, port: int, sizes: list[int], routes: list[str], reps: int,
     for nbytes in sizes:
         for name in routes:  # alternating: every route at one size before the next size
             seconds, ok = time_route(groups[name], nbytes, reps)
+            wrong = torch.tensor([0 if ok else 1])
+            dist.all_reduce(wrong)  # the default group (gloo): every rank's check counts
+            ok = int(wrong.item()) == 0
             rows.append((nbytes, name, seconds, ok))
             if rank == 0:
                 print(f"  {name:>5} {nbytes:>11} B {seconds * 1e6:11.1f} us ok={ok}", flush=True)

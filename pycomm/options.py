@@ -14,8 +14,9 @@ COMPRESSIONS = ("none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 DEFAULT_CHUNK_BYTES = 512 * 1024
 # The NCCL route runs a chunk's NCCL group and kernels one after another, so a chunk buys no overlap
-# there, only one more NCCL latency: on an H200 (docs/PERFORMANCE.md, CUDA) 16 MiB chunks made the
-# compressed all-reduce 1.1-1.9x torch's NCCL at 16-64 MiB, where 512 KiB ones left it at 0.12x.
+# there, only one more NCCL latency: on an H200 (docs/PERFORMANCE.md, CUDA) 16 MiB chunks took the
+# compressed all-reduce at 16-64 MiB to 1.1-1.9x torch's NCCL with fp8 and 0.9-1.2x with bf16, where
+# 512 KiB ones left both at 0.12x.
 DEFAULT_CUDA_CHUNK_BYTES = 16 * 1024 * 1024
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 DEFAULT_TCP_LINGER_MS = 10

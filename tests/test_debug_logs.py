@@ -158,10 +158,11 @@ def test_torch_distributed_debug_detail(pycomm: ModuleType) -> None:
 
 
 def test_startup_log_gives_the_chunk_in_use(pycomm: ModuleType) -> None:
-    """A chunk_bytes past the core's 1 TiB limit is used as 1 TiB; the start-up line must say what
-    is used, not echo the setting."""
-    logs = _one_allreduce_logs(2, {"PYCOMM_DEBUG": "INFO", "PYCOMM_TRANSPORT": "tcp", "PYCOMM_CHUNK_BYTES": str(1 << 50)})
+    """A chunk_bytes (or cuda_chunk_bytes) past the core's 1 TiB limit is used as 1 TiB; the start-up
+    line must say what is used, not echo the setting."""
+    logs = _one_allreduce_logs(2, {"PYCOMM_DEBUG": "INFO", "PYCOMM_TRANSPORT": "tcp", "PYCOMM_CHUNK_BYTES": str(1 << 50),
+                                   "PYCOMM_CUDA_CHUNK_BYTES": str(1 << 45)})
     for rank, log in enumerate(logs):
         line = next((l for l in log.splitlines() if "] connected over " in l), None)
         assert line is not None, f"rank {rank}: no 'connected over' line\n{log[-2000:]}"
-        assert f", chunk {1 << 40} B" in line, f"rank {rank}: {line!r}"
+        assert f", chunk {1 << 40} B, CUDA chunk {1 << 40} B" in line, f"rank {rank}: {line!r}"

@@ -70,7 +70,8 @@ Communicator::Communicator(const Config& config, Store& store)
   tasks_ = TaskQueue::start(prefix_, "collective", logger_);
   completions_ = TaskQueue::start(prefix_, "point-to-point completion", logger_);
   logger_.log(LogLevel::kInfo, strCat("connected over ", transport_->name(), ", listening on ",
-                                      config.bindHost, ", chunk ", config_.chunkBytes, " B"));
+                                      config.bindHost, ", chunk ", config_.chunkBytes, " B, CUDA chunk ",
+                                      config_.deviceChunkBytes, " B"));
 }
 
 Communicator::~Communicator() {

@@ -27,6 +27,7 @@
 
 #include "core/algorithms/allreduce_plan.h"
 #include "core/algorithms/cost_model.h"
+#include "core/algorithms/queued_allreduce.h"
 #include "core/algorithms/queued_collectives.h"
 #include "core/algorithms/queued_stamp.h"
 #include "core/codecs/reduce.h"
@@ -389,6 +390,40 @@ void checkCompressed(int size) {
   }
 }
 
+// The route's entry (queued::allreduce with the group's Config) cuts by deviceChunkBytes
+// (cuda_chunk_bytes), not by the CPU's chunkBytes. fp8 block scales follow the pieces, so the two
+// grains give different bits, which tells which one the entry used.
+void checkDeviceChunk(int size) {
+  if (size < 2) return;
+  Config config;
+  config.chunkBytes = 4096;
+  config.deviceChunkBytes = 65536;
+  const auto codec = codecs::Codec::kFp8E4M3;
+  // At world 2 the last piece holds 555 elements after 2048-element pieces, 6699 after 32768.
+  const size_t count = 105003;
+  HostFabric fabric(std::chrono::seconds(20));
+  runRanks(size, [&](int r) {
+    HostLink link(fabric, r, size);
+    auto explicitChunk = [&](size_t chunkBytes) {
+      std::vector<float> data = randomFloats(r, count, 11);
+      std::vector<uint8_t> scratch(algorithms::queued::compressedScratchBytes(count, size, r, codec, chunkBytes));
+      algorithms::queued::compressedAllreduce(link, data.data(), scratch.data(), count, codec, false, chunkBytes);
+      return data;
+    };
+    const std::vector<float> byDevice = explicitChunk(config.deviceChunkBytes);
+    const std::vector<float> byCpu = explicitChunk(config.chunkBytes);
+    EXPECT_TRUE(!sameBits(byDevice, byCpu), "the two grains gave the same bits: this check tells nothing (world ",
+                size, ")");
+    std::vector<float> viaConfig = randomFloats(r, count, 11);
+    std::vector<uint8_t> scratch(
+        algorithms::queued::allreduceScratchBytes(size, r, count, DataType::kFloat32, codec, config));
+    algorithms::queued::allreduce(link, reinterpret_cast<uint8_t*>(viaConfig.data()), scratch.data(), count,
+                                  DataType::kFloat32, ReduceOp::kSum, codec, false, config);
+    EXPECT_TRUE(sameBits(viaConfig, byDevice), "queued::allreduce did not cut by deviceChunkBytes: world ", size,
+                " rank ", r);
+  });
+}
+
 // Compressed reduce-scatter (SUM and AVG) and all-gather.
 void checkCompressedScatterGather(int size) {
   MemoryStore store;
@@ -524,7 +559,7 @@ void checkStamps(int size) {
   differs([](QueuedStamp& s) { s.signature.codec = 1; }, "codec");
   differs([](QueuedStamp& s) { s.algorithm = static_cast<uint8_t>(Algorithm::kTree); }, "algorithm");
   differs([](QueuedStamp& s) { s.signature.root = 0; }, "root");
-  differs([](QueuedStamp& s) { s.chunkBytes = 8192; }, "chunk_bytes");
+  differs([](QueuedStamp& s) { s.chunkBytes = 8192; }, "cuda_chunk_bytes");
   // Each schedule a stamp can carry is named in the message.
   for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) {
     QueuedStamp named = base;
@@ -584,7 +619,7 @@ int main() {
   for (int size = 1; size <= 7; ++size) {
     for (Algorithm algorithm : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) checkAllreduce(size, algorithm);
     for (auto check : {checkReduceScatterAllgather, checkBroadcast, checkAlltoall, checkStamps, checkPlannedAllreduce,
-                       checkCompressed, checkCompressedScatterGather}) {
+                       checkCompressed, checkCompressedScatterGather, checkDeviceChunk}) {
       check(size);
     }
   }

@@ -24,7 +24,9 @@ size_t allreduceScratchBytes(int size, int rank, size_t count, DataType dtype, s
 
 // `data` (count elements of the link's memory) all-reduced in place: the codec's compressed
 // all-reduce (float32, SUM; `average` divides inside it), else allreduceAlgorithm's schedule with
-// `op`. Each gives the bits the CPU algorithm of the same name gives.
+// `op`, cut by config.deviceChunkBytes (cuda_chunk_bytes). Each gives the bits the CPU algorithm of
+// the same name gives at the same chunk: the compressed one's fp8 block scales follow the pieces, so
+// its bits match the CPU's only where chunk_bytes equals cuda_chunk_bytes.
 void allreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
                std::optional<codecs::Codec> codec, bool average, const Config& config);
 

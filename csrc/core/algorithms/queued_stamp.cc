@@ -22,7 +22,7 @@ std::string describe(const QueuedStamp& stamp) {
           ? strCat("algorithm ", algorithmName(static_cast<Algorithm>(stamp.algorithm)), ", ")
           : strCat("algorithm #", int(stamp.algorithm), ", ");
   return strCat("op #", stamp.seq, ", ", stamp.signature.describe(), stamp.average ? " averaged" : "", " (", schedule,
-                "chunk_bytes ", stamp.chunkBytes, ")");
+                "cuda_chunk_bytes ", stamp.chunkBytes, ")");
 }
 
 bool sameOp(const QueuedStamp& a, const QueuedStamp& b) {
