@@ -9,9 +9,9 @@ Routes: pycomm ring, pycomm tree, pycomm ring with bf16 and fp8_e4m3 compression
 on the wire), and torch's NCCL backend. Each rep times a size-dependent number of synchronous calls
 with a device synchronize before the clock stops; the median rep is reported as microseconds per
 call and bus bandwidth (2(p-1)/p bytes of the fp32 tensor per byte, whatever the codec puts on the
-wire). The NCCL route keeps no byte counters (pycomm.stats() counts the CPU transports only), so the
-compressed routes' wire bytes are the schedule's: per call each rank sends 2(p-1)/p of the tensor's
-elements at 2 bytes (bf16) or 1 byte (fp8) instead of 4. Each route is checked once per size on
+wire). For pycomm's routes the table also gives the bytes this rank sent per call, from
+pycomm.stats(), which counts what the schedule posted on the NCCL link: about 2(p-1)/p of the
+tensor's elements at 4 bytes, 2 (bf16) or 1 and the block scales (fp8). Each route is checked once per size on
 values every codec carries exactly (rank + 1, sum 3), on every rank. Needs a GPU; exits 0 with a
 message where torch sees none.
 """
@@ -46,7 +46,13 @@ def iterations(nbytes: int) -> int:
     return max(3, min(50, (64 << 20) // max(nbytes, 1)))
 
 
-def time_route(group: dist.ProcessGroup, nbytes: int, reps: int) -> tuple[float, bool]:
+def sent_bytes(group: dist.ProcessGroup) -> float:
+    import pycomm
+
+    return sum(v["bytes_sent"] for k, v in pycomm.stats(group).items() if k.startswith("allreduce"))
+
+
+def time_route(name: str, group: dist.ProcessGroup, nbytes: int, reps: int) -> tuple[float, bool, float]:
     count = nbytes // 4
     rank = dist.get_rank()
     t = torch.full((count,), float(rank + 1), device="cuda:0")
@@ -54,6 +60,7 @@ def time_route(group: dist.ProcessGroup, nbytes: int, reps: int) -> tuple[float,
     torch.cuda.synchronize()
     ok = bool((t == 3.0).all().item()) if count else True
     iters = iterations(nbytes)
+    before = sent_bytes(group) if name != "nccl" else 0.0
     times = []
     for _ in range(reps):
         dist.barrier(group=group, device_ids=[0])
@@ -63,7 +70,8 @@ def time_route(group: dist.ProcessGroup, nbytes: int, reps: int) -> tuple[float,
             dist.all_reduce(t, group=group)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) / iters)
-    return statistics.median(times), ok
+    per_call = (sent_bytes(group) - before) / (reps * iters) if name != "nccl" else float("nan")
+    return statistics.median(times), ok, per_call
 
 
 def worker(rank: int, port: int, sizes: list[int], routes: list[str], reps: int, results: mp.Queue) -> None:
@@ -86,11 +94,11 @@ def worker(rank: int, port: int, sizes: list[int], routes: list[str], reps: int,
     rows = []
     for nbytes in sizes:
         for name in routes:  # alternating: every route at one size before the next size
-            seconds, ok = time_route(groups[name], nbytes, reps)
+            seconds, ok, sent = time_route(name, groups[name], nbytes, reps)
             wrong = torch.tensor([0 if ok else 1])
             dist.all_reduce(wrong)  # the default group (gloo): every rank's check counts
             ok = int(wrong.item()) == 0
-            rows.append((nbytes, name, seconds, ok))
+            rows.append((nbytes, name, seconds, ok, sent))
             if rank == 0:
                 print(f"  {name:>5} {nbytes:>11} B {seconds * 1e6:11.1f} us ok={ok}", flush=True)
     if rank == 0:
@@ -137,15 +145,17 @@ def main() -> int:
         return 1
     print(f"# all_reduce float32, world {WORLD} on one GPU ({torch.cuda.get_device_name(0)}), NCCL over "
           f"loopback sockets, median of {args.reps} reps")
-    print(f"{'bytes':>11} {'route':>6} {'us/call':>11} {'busbw GB/s':>11} {'vs nccl':>8} {'correct':>8}")
+    print(f"{'bytes':>11} {'route':>6} {'us/call':>11} {'busbw GB/s':>11} {'sent B/call':>12} {'vs nccl':>8} "
+          f"{'correct':>8}")
     factor = 2 * (WORLD - 1) / WORLD
-    nccl = {nbytes: seconds for nbytes, name, seconds, _ in rows if name == "nccl"}
+    nccl = {nbytes: seconds for nbytes, name, seconds, _, _ in rows if name == "nccl"}
     failed = False
-    for nbytes, name, seconds, ok in rows:
+    for nbytes, name, seconds, ok, sent in rows:
         failed |= not ok
         ratio = f"{nccl[nbytes] / seconds:.2f}" if nbytes in nccl else "-"
+        sent_text = "-" if sent != sent else f"{sent:.0f}"  # NaN: torch's NCCL, which pycomm does not count
         print(f"{nbytes:>11} {name:>6} {seconds * 1e6:>11.1f} {factor * nbytes / seconds / 1e9:>11.3f} "
-              f"{ratio:>8} {'yes' if ok else 'NO':>8}")
+              f"{sent_text:>12} {ratio:>8} {'yes' if ok else 'NO':>8}")
     return 1 if failed or any(p.exitcode != 0 for p in procs) else 0
 
 

@@ -132,7 +132,9 @@ def stats(group: dist.ProcessGroup | None = None) -> dict[str, dict[str, float]]
     "transport/shm_ring" count the frame bytes this rank sent through sockets and through
     shared-memory rings, and "transport/socket" also those it received from sockets;
     "transport/socket_by_waiter" counts the received ones that the thread waiting for them read
-    itself (short receives), rather than the transport's event loop."""
+    itself (short receives), rather than the transport's event loop. Collectives of CUDA tensors on
+    the NCCL route count under the same keys the bytes their schedule posts on the NCCL link, and
+    the seconds until their stream finished."""
     return dict(_backend(group).stats())
 
 

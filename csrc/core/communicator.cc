@@ -165,6 +165,11 @@ void Communicator::record(const std::string& key, uint64_t sent, uint64_t receiv
   s.seconds += seconds;
 }
 
+std::string Communicator::statsKey(const transport::OpSignature& signature) {
+  static const char* const kCodecs[] = {"", "/fp16", "/bf16", "/fp8_e4m3", "/fp8_e5m2"};
+  return std::string(transport::opKindName(signature.kind)).append(kCodecs[signature.codec <= 4 ? signature.codec : 0]);
+}
+
 std::map<std::string, Communicator::OpStats> Communicator::stats() const {
   std::map<std::string, OpStats> out;
   {

@@ -147,6 +147,10 @@ class Communicator {
     double seconds = 0;
   };
   std::map<std::string, OpStats> stats() const;
+  // Counts an op that ran on another route (the NCCL link) under the key its signature gives.
+  void recordRouted(const transport::OpSignature& signature, uint64_t sent, uint64_t received, double seconds) {
+    record(statsKey(signature), sent, received, seconds);
+  }
 
   // Point-to-point, from any thread; tags keep separate streams apart.
   std::shared_ptr<Request> send(const void* data, size_t nbytes, int peer, uint64_t tag);
@@ -237,6 +241,8 @@ class Communicator {
   mutable std::mutex statsMutex_;
   std::map<std::string, OpStats> stats_;
   void record(const std::string& key, uint64_t sent, uint64_t received, double seconds);
+  // "allreduce", "allreduce/fp8_e4m3", ...: the op's kind and codec.
+  static std::string statsKey(const transport::OpSignature& signature);
 
   mutable std::mutex stateMutex_;
   bool shutDown_ = false;

@@ -58,11 +58,7 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   // peer. Raise that now, after this op, so the ranks stay in step and every rank hears of it.
   if (std::string late = ledger_.takeLateFailure(); !late.empty()) throw RemoteError(late);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
-  static const char* const kCodecs[] = {"", "/fp16", "/bf16", "/fp8_e4m3", "/fp8_e5m2"};
-  if (formed_) {  // the setup's own ops are not the caller's
-    record(std::string(transport::opKindName(signature.kind)).append(kCodecs[signature.codec <= 4 ? signature.codec : 0]),
-           op.bytesSent(), op.bytesReceived(), us * 1e-6);
-  }
+  if (formed_) record(statsKey(signature), op.bytesSent(), op.bytesReceived(), us * 1e-6);  // not the setup's
   if (logger_.enabled(LogLevel::kInfo)) {
     logger_.log(LogLevel::kInfo,
                 strCat(" seq=", seq, " ", transport::opKindName(signature.kind), " ",

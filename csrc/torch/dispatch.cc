@@ -9,6 +9,9 @@
 #if PYCOMM_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+
+#include "core/algorithms/counting_link.h"
 #include "core/algorithms/queued_allreduce.h"
 #include "cuda/nccl_comm.h"
 #include "cuda/nccl_link.h"
@@ -181,8 +184,11 @@ std::function<void()> PycommBackend::deviceTask(std::shared_ptr<CollectiveOp> op
     TORCH_CHECK(!nccl->aborted(), "pycomm [rank ", nccl->rank(), "/", nccl->size(), "] ", title,
                 ": the group's NCCL communicator was aborted by an earlier failure");
     try {
-      cuda::NcclLink link(*nccl, stream);
-      nccl->stamps().post(link, stampForRun(op->stamp(), comm->config()), stream, title);
+      const auto start = std::chrono::steady_clock::now();
+      cuda::NcclLink ncclLink(*nccl, stream);
+      const auto stamp = stampForRun(op->stamp(), comm->config());
+      nccl->stamps().post(ncclLink, stamp, stream, title);
+      algorithms::CountingLink link(ncclLink);  // the op's own bytes, for pycomm.stats()
       op->runOnDevice(link, comm->config());
       try {
         nccl->waitFor(stream, comm->timeout(), title);
@@ -196,6 +202,8 @@ std::function<void()> PycommBackend::deviceTask(std::shared_ptr<CollectiveOp> op
         throw;
       }
       nccl->stamps().check(nccl->rank(), nccl->size(), true, title);
+      comm->recordRouted(stamp.signature, link.bytesSent(), link.bytesReceived(),
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     } catch (const std::exception&) {
       // Part of the schedule may be queued: the peers' next steps would pair with the wrong
       // transfers. The group's CUDA collectives fail from here on.

@@ -23,10 +23,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <string>
 
 #include "core/algorithms/allreduce_plan.h"
 #include "core/algorithms/cost_model.h"
+#include "core/algorithms/counting_link.h"
 #include "core/algorithms/queued_allreduce.h"
 #include "core/algorithms/queued_collectives.h"
 #include "core/algorithms/queued_stamp.h"
@@ -424,6 +427,46 @@ void checkDeviceChunk(int size) {
   });
 }
 
+// The bytes a counted link carries for an op are the bytes the CPU transports count for the same
+// op (the same schedule, written once): what pycomm.stats() reports on either route.
+void checkCountedBytes(int size) {
+  const size_t chunkBytes = 4096;
+  MemoryStore store;
+  auto comms = cpuGroup(size, store, Algorithm::kRing, chunkBytes);
+  for (auto codec : {std::optional<codecs::Codec>{}, std::optional{codecs::Codec::kBf16},
+                     std::optional{codecs::Codec::kFp8E4M3}}) {
+    for (size_t count : {size_t{1}, size_t{3001}, size_t{20011}}) {
+      HostFabric fabric(std::chrono::seconds(20));
+      runRanks(size, [&](int r) {
+        HostLink host(fabric, r, size);
+        algorithms::CountingLink link(host);
+        std::vector<float> mine = randomFloats(r, count, 13), cpu = mine;
+        const std::string key = codec ? std::string("allreduce/") + codecs::codecName(*codec) : "allreduce";
+        const auto before = comms[r]->stats()[key];
+        if (codec) {
+          std::vector<uint8_t> scratch(algorithms::queued::compressedScratchBytes(count, size, r, *codec, chunkBytes));
+          algorithms::queued::compressedAllreduce(link, mine.data(), scratch.data(), count, *codec, false, chunkBytes);
+          comms[r]->allreduceCompressed(cpu.data(), count, *codec, false);
+        } else {
+          const auto plan = algorithms::planAllreduce(Algorithm::kRing, nullptr, count * sizeof(float), size,
+                                                      DataType::kFloat32, chunkBytes);
+          std::vector<uint8_t> scratch(algorithms::queued::allreduceScratchBytes(plan, count, size, DataType::kFloat32));
+          algorithms::queued::allreduce(link, plan, reinterpret_cast<uint8_t*>(mine.data()), scratch.data(), count,
+                                        DataType::kFloat32, ReduceOp::kSum);
+          comms[r]->allreduce(cpu.data(), count, DataType::kFloat32, ReduceOp::kSum);
+        }
+        const auto after = comms[r]->stats()[key];
+        EXPECT_TRUE(link.bytesSent() == after.bytesSent - before.bytesSent &&
+                        link.bytesReceived() == after.bytesReceived - before.bytesReceived,
+                    key, " world ", size, " count ", count, " rank ", r, ": the link carried ", link.bytesSent(), "/",
+                    link.bytesReceived(), " B, the CPU transports ", after.bytesSent - before.bytesSent, "/",
+                    after.bytesReceived - before.bytesReceived);
+        EXPECT_TRUE(size == 1 || link.bytesSent() > 0, key, " world ", size, ": nothing counted");
+      });
+    }
+  }
+}
+
 // Compressed reduce-scatter (SUM and AVG) and all-gather.
 void checkCompressedScatterGather(int size) {
   MemoryStore store;
@@ -619,7 +662,7 @@ int main() {
   for (int size = 1; size <= 7; ++size) {
     for (Algorithm algorithm : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) checkAllreduce(size, algorithm);
     for (auto check : {checkReduceScatterAllgather, checkBroadcast, checkAlltoall, checkStamps, checkPlannedAllreduce,
-                       checkCompressed, checkCompressedScatterGather, checkDeviceChunk}) {
+                       checkCompressed, checkCompressedScatterGather, checkDeviceChunk, checkCountedBytes}) {
       check(size);
     }
   }
