@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gpu_ranks import run_ranks
 
 from pycomm.bench.sizes import parse_size
 
@@ -74,7 +74,7 @@ def time_route(name: str, group: dist.ProcessGroup, nbytes: int, reps: int) -> t
     return statistics.median(times), ok, per_call
 
 
-def worker(rank: int, port: int, sizes: list[int], routes: list[str], reps: int, results: mp.Queue) -> None:
+def worker(rank: int, port: int, sizes: list[int], routes: list[str], reps: int, results: Any) -> None:
     os.environ["NCCL_HOSTID"] = f"pycomm-bench-rank-{rank}"
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     os.environ.setdefault("NCCL_IB_DISABLE", "1")
@@ -122,24 +122,7 @@ def main() -> int:
     unknown = [r for r in routes if r not in ROUTES]
     if unknown:
         parser.error(f"unknown routes {unknown}; known: {list(ROUTES)}")
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, args.port, sizes, routes, args.reps, results))
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    rows = None
-    deadline = time.monotonic() + args.deadline
-    while rows is None and time.monotonic() < deadline:
-        try:
-            rows = results.get(timeout=5)
-        except queue.Empty:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-    for p in procs:
-        p.join(timeout=60 if rows is not None else 1)
-        if p.is_alive():
-            p.terminate()
+    rows, clean = run_ranks(worker, WORLD, (args.port, sizes, routes, args.reps), args.deadline)
     if rows is None:
         print(f"cuda_nccl: the ranks failed or took longer than {args.deadline:.0f} s; nothing measured")
         return 1
@@ -156,7 +139,7 @@ def main() -> int:
         sent_text = "-" if sent != sent else f"{sent:.0f}"  # NaN: torch's NCCL, which pycomm does not count
         print(f"{nbytes:>11} {name:>6} {seconds * 1e6:>11.1f} {factor * nbytes / seconds / 1e9:>11.3f} "
               f"{sent_text:>12} {ratio:>8} {'yes' if ok else 'NO':>8}")
-    return 1 if failed or any(p.exitcode != 0 for p in procs) else 0
+    return 1 if failed or not clean else 0
 
 
 if __name__ == "__main__":

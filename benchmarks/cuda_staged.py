@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gpu_ranks import run_ranks
 
 from pycomm.bench.sizes import parse_size
 
@@ -46,7 +46,7 @@ def time_backend(group: dist.ProcessGroup, nbytes: int, iters: int, reps: int) -
     return statistics.median(times), ok
 
 
-def worker(rank: int, port: int, sizes: list[int], iters: int, reps: int, results: mp.Queue) -> None:
+def worker(rank: int, port: int, sizes: list[int], iters: int, reps: int, results: Any) -> None:
     import pycomm  # noqa: F401  (registers the backend)
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -73,24 +73,7 @@ def main() -> int:
         print("cuda_staged: no GPU visible to torch; nothing measured")
         return 0
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, args.port, sizes, args.iters, args.reps, results))
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    rows = None
-    deadline = time.monotonic() + 480
-    while rows is None and time.monotonic() < deadline:
-        try:
-            rows = results.get(timeout=5)
-        except queue.Empty:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-    for p in procs:
-        p.join(timeout=60 if rows is not None else 1)
-        if p.is_alive():
-            p.terminate()
+    rows, clean = run_ranks(worker, WORLD, (args.port, sizes, args.iters, args.reps), 480)
     if rows is None:
         print("cuda_staged: the ranks failed or took longer than 480 s; nothing measured")
         return 1
@@ -105,7 +88,7 @@ def main() -> int:
         print(f"{nbytes:>12} {mine * 1e6:>11.1f} {factor * nbytes / mine / 1e9:>11.3f} "
               f"{theirs * 1e6:>11.1f} {factor * nbytes / theirs / 1e9:>11.3f} {theirs / mine:>8.2f} "
               f"{'yes' if ok_mine and ok_theirs else 'NO':>8}")
-    return 1 if failed or any(p.exitcode != 0 for p in procs) else 0
+    return 1 if failed or not clean else 0
 
 
 if __name__ == "__main__":
