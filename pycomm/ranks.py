@@ -38,11 +38,21 @@ def fork_ranks(
     ctx = mp.get_context("fork")
     addresses = ctx.Queue()
     procs: list[mp.process.BaseProcess] = []
+    # SIGTERM stays blocked across the forks: a rank that got it before resetting its handler would
+    # run the launcher's (the trainer raises from it), whose exception Python's after-fork hooks
+    # swallow, and the rank would wait out the kill. Blocked, it stays pending until the rank's
+    # handler is the default one.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        for rank in range(nproc):
-            proc = ctx.Process(target=_rank_main, args=(entry, rank, addresses, timeout_s, args), name=f"rank{rank}")
-            proc.start()
-            procs.append(proc)
+        try:
+            for rank in range(nproc):
+                proc = ctx.Process(
+                    target=_rank_main, args=(entry, rank, addresses, timeout_s, mask, args), name=f"rank{rank}"
+                )
+                proc.start()
+                procs.append(proc)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         store = make_store()
         for _ in range(nproc):
             addresses.put(("127.0.0.1", store.port))
@@ -52,9 +62,13 @@ def fork_ranks(
     return procs, store
 
 
-def _rank_main(entry: object, rank: int, addresses: object, timeout_s: float, args: tuple[object, ...]) -> None:
-    # A rank ends on SIGTERM as a spawned one did, whatever handler the launcher had when it forked.
+def _rank_main(
+    entry: object, rank: int, addresses: object, timeout_s: float, mask: set[signal.Signals], args: tuple[object, ...]
+) -> None:
+    # A rank ends on SIGTERM as a spawned one did, whatever handler the launcher had when it forked;
+    # one sent since the fork is delivered here, by the default action.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         address = addresses.get(timeout=timeout_s)  # type: ignore[attr-defined]
     except queue.Empty:

@@ -4,6 +4,8 @@ rendezvous store exists, so whatever fails after the fork must not leave them be
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import time
 from typing import Any
 
@@ -17,6 +19,19 @@ from pycomm.bench import launch as bench_launch  # noqa: E402
 from pycomm.bench.config import BenchConfig, Variant  # noqa: E402
 from pycomm.train import launch as train_launch  # noqa: E402
 from pycomm.train.config import TrainConfig  # noqa: E402
+import pycomm.ranks  # noqa: E402
+
+# While set, every child forked from this process lingers in Python's after-fork hooks, where the
+# exception of an inherited Python signal handler is swallowed: the window a loaded host opens.
+_linger_after_fork_s = 0.0
+
+
+def _linger_in_child() -> None:
+    if _linger_after_fork_s:
+        time.sleep(_linger_after_fork_s)
+
+
+os.register_at_fork(after_in_child=_linger_in_child)
 
 
 class StoreFailed(OSError):
@@ -49,3 +64,28 @@ def test_a_store_that_cannot_be_made_leaves_no_rank_behind(run: Any, monkeypatch
         proc.join()
     assert not left, f"{len(left)} forked ranks still waiting for a store address after the launcher failed"
     assert time.monotonic() - start < 10, "the launcher took its ranks' whole timeout to fail"
+
+
+@pytest.mark.parametrize("run", [_run_bench, _run_train], ids=["bench", "train"])
+def test_a_rank_stopped_before_it_has_started_ends_by_that_signal(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher stops its ranks with SIGTERM right after forking them when the store fails; a
+    rank still in the fork's aftermath must end by it too, not swallow it and wait to be killed."""
+    global _linger_after_fork_s
+    stopped: list[multiprocessing.process.BaseProcess] = []
+    real_terminate = pycomm.ranks.terminate_ranks
+
+    def recording_terminate(procs: Any) -> None:
+        stopped.extend(procs)
+        real_terminate(procs)
+
+    monkeypatch.setattr(pycomm.ranks, "terminate_ranks", recording_terminate)
+    monkeypatch.setattr(dist, "TCPStore", _failing_store)
+    _linger_after_fork_s = 0.5
+    try:
+        with pytest.raises(StoreFailed):
+            run()
+    finally:
+        _linger_after_fork_s = 0.0
+    assert len(stopped) == 2
+    codes = [proc.exitcode for proc in stopped]
+    assert codes == [-signal.SIGTERM] * 2, f"ranks ended with {codes}, expected SIGTERM for both"
