@@ -121,10 +121,6 @@ void Communicator::enqueue(std::function<void()> task) { tasks_->enqueue(std::mo
 
 void Communicator::runOrEnqueue(std::function<void()> task) { tasks_->runOrEnqueue(std::move(task)); }
 
-void Communicator::postCompletion(std::function<void()> completion) { completions_->post(std::move(completion)); }
-
-bool Communicator::drain(std::chrono::milliseconds timeout) { return tasks_->drain(timeout); }
-
 void Communicator::shutdown() {
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
@@ -135,7 +131,7 @@ void Communicator::shutdown() {
   // inside a task (a completion callback) there is nothing to wait for: the tasks behind it cannot
   // run before it returns.
   const auto grace = std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(30));
-  if (!tasks_->insideTask() && !tasks_->onOwnThread() && !drain(grace)) {
+  if (!tasks_->insideTask() && !tasks_->onOwnThread() && !tasks_->drain(grace)) {
     logger_.warn("shutdown: ops still pending after the grace period; aborting them");
   }
   abort("the process group was shut down");

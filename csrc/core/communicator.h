@@ -75,12 +75,6 @@ class Communicator {
   // For a caller that will wait anyway: runs `task` on the calling thread when nothing is queued
   // or running (so issue order holds), which saves two thread hand-offs; otherwise enqueues it.
   void runOrEnqueue(std::function<void()> task);
-  // Waits until every enqueued task ran, or the timeout passes (then returns false).
-  bool drain(std::chrono::milliseconds timeout);
-  // Runs a point-to-point request's completion (its Work's future callbacks: user code) on the
-  // group's completion thread: never on the transport's event loop, where a callback that waits for
-  // another receive of the group would stop the loop that is to deliver it. Never refused.
-  void postCompletion(std::function<void()> completion);
   // Stops the worker after the queued tasks, then closes the transport. Idempotent.
   void shutdown();
   // Fails everything pending and in flight at once. Idempotent.
@@ -157,8 +151,9 @@ class Communicator {
   // peer may be transport::Transport::kAnyPeer.
   std::shared_ptr<Request> recv(void* data, size_t nbytes, int peer, uint64_t tag);
   // Runs `callback` once `request` (a point-to-point one) is done: on the completing thread, or on
-  // the group's completion thread if that is the transport's I/O thread or inside a collective
-  // (postCompletion), unless `awaited()` says a thread waits to complete it itself: waking the
+  // the group's completion thread (never the transport's event loop, where a callback that waits
+  // for another receive of the group would stop the loop that is to deliver it) if that is the
+  // transport's I/O thread or inside a collective, unless `awaited()` says a thread waits to complete it itself: waking the
   // completion thread for nothing costs a context switch per message.
   void onComplete(const std::shared_ptr<Request>& request, std::function<void()> callback,
                   std::function<bool()> awaited = nullptr);

@@ -65,14 +65,3 @@ std::string strCat(const Args&... args) {
       throw ErrorType(::pycomm::strCat(__VA_ARGS__));                       \
     }                                                                       \
   } while (0)
-
-// PYCOMM_CHECK_EQ prints both values, so the message says what was expected and what was seen.
-#define PYCOMM_CHECK_EQ(a, b, ErrorType, ...)                               \
-  do {                                                                      \
-    const auto& pycommA_ = (a);                                             \
-    const auto& pycommB_ = (b);                                             \
-    if (!(pycommA_ == pycommB_)) {                                          \
-      throw ErrorType(::pycomm::strCat(__VA_ARGS__, " (expected ", #a, " == ", #b, ", got ", \
-                                       pycommA_, " vs ", pycommB_, ")"));  \
-    }                                                                       \
-  } while (0)

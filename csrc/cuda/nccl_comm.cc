@@ -103,13 +103,6 @@ void NcclComm::waitFor(cudaStream_t stream, std::chrono::milliseconds timeout, c
   }
 }
 
-void NcclComm::checkAsyncError(const std::string& what) {
-  PYCOMM_CHECK(!aborted_.load(), Error, prefix(), " ", what, ": the NCCL communicator was aborted");
-  int status = kNcclSuccess;
-  nccl_.check(nccl_.commGetAsyncError(comm_, &status), strCat(prefix(), " ncclCommGetAsyncError"));
-  nccl_.check(status, strCat(prefix(), " ", what));
-}
-
 void NcclComm::abort() {
   if (aborted_.exchange(true) || comm_ == nullptr) return;
   const CurrentDevice current(device_, false);

@@ -52,8 +52,6 @@ class NcclComm {
   // error and requestAbort(). On an error or a request, and after `timeout` (pycomm::TimeoutError),
   // it aborts the communicator (NCCL's kernels then return) and throws naming `what`.
   void waitFor(cudaStream_t stream, std::chrono::milliseconds timeout, const std::string& what);
-  // Throws if NCCL reported an asynchronous error (a peer failed, a network error).
-  void checkAsyncError(const std::string& what);
   // Aborts every operation in flight; the communicator is unusable afterwards. Idempotent, and
   // does not throw (it is what a timeout calls). On the thread that uses the communicator.
   void abort();

@@ -1,10 +1,5 @@
 #include "rhd.h"
 
-#include <algorithm>
-
-#include "op_steps.h"
-#include "rhd_schedule.h"
-
 namespace pycomm::algorithms {
 
 RhdRanks::RhdRanks(int rank, int size) : q(1) {
@@ -21,14 +16,6 @@ RhdHalves rhdHalve(int lo, int hi, bool upper) {
 RhdWindow rhdPartnerWindow(int lo, int hi, bool upper) {
   const int width = hi - lo;
   return upper ? RhdWindow{lo - width, lo} : RhdWindow{hi, hi + width};
-}
-
-size_t rhdScratchBytes(size_t count, DataType dtype) { return rhdScratchFor(count, dtype); }
-
-void rhdAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype,
-                  ReduceOp reduceOp, bool halving) {
-  OpSteps steps(op);
-  rhdAllreduceSchedule(steps, data, scratch, count, dtype, reduceOp, halving);
 }
 
 }  // namespace pycomm::algorithms

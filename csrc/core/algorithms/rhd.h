@@ -39,10 +39,4 @@ struct RhdWindow {
 };
 RhdWindow rhdPartnerWindow(int lo, int hi, bool upper);
 
-size_t rhdScratchBytes(size_t count, DataType dtype);
-
-// `halving` selects Rabenseifner (long messages) over whole-vector recursive doubling (short).
-void rhdAllreduce(Op& op, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype,
-                  ReduceOp reduceOp, bool halving);
-
 }  // namespace pycomm::algorithms

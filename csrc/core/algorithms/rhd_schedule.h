@@ -1,5 +1,5 @@
 // The rhd all-reduce's schedule (rhd.h), written once against the step interface (steps.h): the
-// CPU runs it through rhd.h's rhdAllreduce, a stream-ordered link through queued_collectives.h's.
+// CPU runs it through allreduce_plan.h's runAllreduce, a stream-ordered link through queued_collectives.h.
 //
 // Slots: 0 for the fold-in, 1 + step for the exchanges, 1 + 2*32 for the fold-out (after every
 // step of both modes). Each exchange is one step with the partner, and the reductions run in one

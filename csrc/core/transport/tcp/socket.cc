@@ -107,13 +107,6 @@ void Socket::setNoDelay() {
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-std::string Socket::localAddress() const {
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
-  return formatAddress(addr);
-}
-
 std::string Socket::peerAddress() const {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;

@@ -38,8 +38,7 @@ class Socket {
 
   void setNonBlocking();
   void setNoDelay();
-  // The local "host:port" and the remote one, for messages.
-  std::string localAddress() const;
+  // The remote "host:port", for messages.
   std::string peerAddress() const;
 
   // Blocking helpers with a deadline (poll based), for the handshake. They throw RemoteError
