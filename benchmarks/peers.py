@@ -12,8 +12,13 @@ Peers that are not installed are skipped, and the output says so; `--install` in
 (Open MPI with apt-get, mpi4py and DeepSpeed with pip). `--base CHECKOUT` adds that checkout's pycomm
 (its build in place), for a before/after in the same run.
 
+`--probe` runs benchmarks/host_probe.c (two processes exchanging 32 KiB through shared memory, no
+library) before and after every launch. This host's speed at moving data between its cores changes
+by 3-4x from one minute to the next, and every peer's small messages move with it; the probe tells
+the modes apart, and the report adds a table per mode of the launches whose probes agree.
+
     python3 benchmarks/peers.py [--install] [--base CHECKOUT] [--configs shm2,shm4,tcp2] [--rounds 3]
-                                [--sizes 4K,64K,1M,64M] [--out benchmarks/results/peers]
+                                [--sizes 4K,64K,1M,64M] [--probe] [--out benchmarks/results/peers]
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +41,10 @@ from pycomm.bench.sizes import format_size, parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = Path(__file__).resolve().parent / "peer_ranks.py"
+PROBE = Path(__file__).resolve().parent / "host_probe.c"
+# The run's probes split in two modes (the split of their logarithms with the least spread within
+# each side) when the sides' geometric means are this far apart; otherwise the host had one mode.
+MODES_APART = 1.8
 CONFIGS = {
     # name: (world, pycomm transport, Open MPI's transport components)
     "shm2": (2, "shm", "self,vader"),
@@ -117,6 +128,68 @@ def launch(case: Case, world: int, transport: str, mpi_btl: str, sizes: str, arg
     return json.loads(line[len("RESULT "):])
 
 
+class HostProbe:
+    """benchmarks/host_probe.c, compiled once per run: the host's cross-core copy time, in us."""
+
+    def __init__(self, workdir: Path) -> None:
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise SystemExit("--probe needs a C compiler (cc or gcc)")
+        self.binary = workdir / "host_probe"
+        subprocess.run([compiler, "-O2", "-o", str(self.binary), str(PROBE)], check=True)
+
+    def __call__(self) -> float:
+        out = subprocess.run([str(self.binary), "65536", "1000", "3"], check=True, capture_output=True, text=True)
+        return float(out.stdout)
+
+
+def split_modes(probes: list[float]) -> float | None:
+    """The largest probe of the fast mode, or None if the sorted ``probes`` show one mode."""
+    logs = [math.log(p) for p in probes]
+    best: tuple[float, int] | None = None
+    for i in range(1, len(logs)):
+        lo, hi = logs[:i], logs[i:]
+        spread = sum((x - statistics.fmean(lo)) ** 2 for x in lo) + sum((x - statistics.fmean(hi)) ** 2 for x in hi)
+        if best is None or spread < best[0]:
+            best = (spread, i)
+    if best is None:
+        return None
+    i = best[1]
+    apart = math.exp(statistics.fmean(logs[i:]) - statistics.fmean(logs[:i]))
+    return probes[i - 1] if apart >= MODES_APART else None
+
+
+def by_mode(config: str, cases: list[Case], sizes: list[int], results: dict[str, list[dict]]) -> str:
+    """The launches split by the host's mode (their probes), with each peer's medians per mode."""
+    probes = sorted(p for runs in results.values() for r in runs for p in r.get("probe_us", ()))
+    if not probes:
+        return ""
+    bound = split_modes(probes)
+    if bound is None:
+        modes = {"one mode": lambda p: True}
+        heading = f"probes {probes[0]:.1f}-{probes[-1]:.1f} us: one mode"
+    else:
+        modes = {"fast": lambda p: max(p) <= bound, "slow": lambda p: min(p) > bound}
+        heading = f"fast: both probes <= {bound:.1f} us, slow: both above; a launch across a change is left out"
+    ran = [c for c in cases if results[c.label]]
+    first = ran[0].label
+    lines = [f"#### {config} by the host's mode ({heading})\n",
+             "| mode | size | " + " | ".join(f"{c.label} (us, launches)" for c in ran) + " | " +
+             " | ".join(f"{c.label} / {first}" for c in ran[1:]) + " |",
+             "| --- " * (2 + 2 * len(ran) - 1) + "|"]
+    for mode, holds in modes.items():
+        kept = {c.label: [r for r in results[c.label] if holds(r["probe_us"])] for c in ran}
+        if not all(kept.values()):
+            lines.append(f"| {mode} | | " + " | ".join(f"- ({len(kept[c.label])})" for c in ran) + " |" + " |" * (len(ran) - 1))
+            continue
+        for n in sizes:
+            med = {c.label: statistics.median(r["us"][str(n)] for r in kept[c.label]) for c in ran}
+            lines.append(f"| {mode} | {format_size(n)} | " +
+                         " | ".join(f"{med[c.label]:.1f} ({len(kept[c.label])})" for c in ran) + " | " +
+                         " | ".join(f"{med[c.label] / med[first]:.2f}" for c in ran[1:]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def table(config: str, world: int, transport: str, cases: list[Case], sizes: list[int],
           results: dict[str, list[dict]], medians: dict[str, dict[str, float]]) -> str:
     ran = [c for c in cases if c.label in medians]
@@ -174,6 +247,7 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.2, help="timed seconds per size, peer and round")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--launch-timeout", type=float, default=300)
+    parser.add_argument("--probe", action="store_true", help="probe the host's mode around every launch")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.install:
@@ -194,6 +268,8 @@ def main() -> int:
         if args.base is not None and peer == "pycomm":
             cases.append(Case("pycomm before", peer, args.base.resolve()))
     port = 32000 + os.getpid() % 1500
+    workdir = tempfile.TemporaryDirectory()
+    probe = HostProbe(Path(workdir.name)) if args.probe else None
     summary: dict[str, dict] = {}
     text = [f"float32 all_reduce (SUM, in place); median of {args.rounds} rounds, the peers alternating; "
             f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.1f}\n"]
@@ -207,19 +283,23 @@ def main() -> int:
             order = here[r % len(here):] + here[:r % len(here)]
             for case in order:
                 port += 1
+                before = probe() if probe is not None else None
                 try:
                     result = launch(case, world, transport, btl, size_arg, args, port)
                 except RuntimeError as e:
                     print(e, flush=True)
                     failed = True
                     continue
+                if probe is not None:
+                    result["probe_us"] = [before, probe()]
                 results[case.label].append(result)
                 bad = {k: v for k, v in result["wrong"].items() if v}
                 if bad:
                     print(f"{case.label} {config}: WRONG results (size: elements wrong on the worst rank) {bad}",
                           flush=True)
                     failed = True
-                print(f"{config} round {r + 1} {case.label}: " +
+                probed = f" (probes {result['probe_us'][0]:.1f}, {result['probe_us'][1]:.1f} us)" if probe else ""
+                print(f"{config} round {r + 1} {case.label}{probed}: " +
                       " ".join(f"{format_size(int(k))}={v:.1f}us" for k, v in result["us"].items()), flush=True)
         summary[config] = {
             "world": world, "transport": transport,
@@ -228,6 +308,8 @@ def main() -> int:
             "rounds": results,
         }
         text.append("\n" + table(config, world, transport, here, sizes, results, summary[config]["median_us"]))
+        if probe is not None and summary[config]["median_us"]:
+            text.append(by_mode(config, here, sizes, results))
     report = "\n".join(text)
     print(report)
     if args.out is not None:
