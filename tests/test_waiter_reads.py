@@ -20,8 +20,9 @@ from reference import check_equal, check_reduced, input_for
 from support import Failures, assert_no_failures
 
 TIMEOUT_S = 120
-# Element counts around the largest receive a waiter reads (64 KiB): int64 makes 8 KiB ... 80 KiB.
-COUNTS = (0, 1, 2, 1000, 4099, 8191, 8192, 8193, 10007)
+# Element counts around the largest receive a waiter reads (256 KiB), as whole buffers and as the
+# world-2 ring's halves: int64 makes 8 KiB ... 80 KiB, 256 KiB and 512 KiB (+- one element).
+COUNTS = (0, 1, 2, 1000, 4099, 8191, 8192, 8193, 10007, 32767, 32768, 32769, 65535, 65536, 65537)
 LONG_COUNT = 1 << 20  # float32, 4 MiB: every receive of a ring all-reduce is a 512 KiB chunk or more
 P2P_ROUNDS = 40
 

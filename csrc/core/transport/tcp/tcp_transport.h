@@ -98,9 +98,13 @@ class TcpTransport final : public Transport, public RingLinks {
 
   // Error reports longer than this are cut (sending) or malformed (receiving).
   static constexpr size_t kMaxErrorText = 64 * 1024;
-  // Receives up to this size are read by the waiting thread. Longer ones stay with the loop thread,
-  // which then receives the next chunk of a pipelined schedule while the caller reduces this one.
-  static constexpr size_t kCallerReadMaxBytes = 64 * 1024;
+  // Receives up to this size are read by the waiting thread. Longer ones (the default chunk_bytes,
+  // 512 KiB, and up) stay with the loop thread, which then receives the next chunk of a pipelined
+  // schedule while the caller reduces this one. Up to 256 KiB the loop's two wake-ups per message
+  // cost more than the overlap saves: a 256 KiB all-reduce at world 2 took 81-88 us read by its
+  // waiters against 123-136 us through the loop, alternating in one process pair; at 1 and 4 MiB
+  // reading 512 KiB chunks on the waiter as well changed nothing (docs/PERFORMANCE.md).
+  static constexpr size_t kCallerReadMaxBytes = 256 * 1024;
 
  private:
   // --- tcp_transport.cc
