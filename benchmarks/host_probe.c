@@ -6,7 +6,9 @@
  * over loopback TCP or shared memory moves with it: benchmarks/peers.py --probe runs this before
  * and after each peer to tell the host's modes apart. With `tcp` the halves go over a loopback TCP
  * connection instead (TCP_NODELAY, nonblocking receives spinning): the least any library's TCP
- * all-reduce of that size can take here.
+ * all-reduce of that size can take here. Both ranks send before they receive, so a half must fit
+ * in the socket buffers: up to 256 KiB in all. Each process gives up after 60 s (SIGALRM), and the
+ * child dies with the parent.
  *
  *     cc -O2 -o host_probe host_probe.c && ./host_probe [bytes=65536] [rounds=2000] [loops=3] [shm|tcp]
  */
@@ -18,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -44,7 +48,7 @@ static void meet(_Atomic long* flags, int rank, int which, long seq) {
 
 static void send_all(int fd, const char* p, size_t n) {
   while (n > 0) {
-    const ssize_t r = send(fd, p, n, 0);
+    const ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
     if (r <= 0) {
       perror("host_probe: send");
       exit(1);
@@ -59,7 +63,8 @@ static void recv_all(int fd, char* p, size_t n) {
     const ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (r <= 0) {
-      perror("host_probe: recv");
+      if (r == 0) fprintf(stderr, "host_probe: recv: the other process closed the connection\n");
+      else perror("host_probe: recv");
       exit(1);
     }
     p += r;
@@ -87,10 +92,13 @@ int main(int argc, char** argv) {
   const int rounds = argc > 2 ? atoi(argv[2]) : 2000;
   const int loops = argc > 3 ? atoi(argv[3]) : 3;
   const int tcp = argc > 4 && strcmp(argv[4], "tcp") == 0;
-  if (half == 0 || rounds <= 0 || loops <= 0 || loops > 64 || (argc > 4 && !tcp && strcmp(argv[4], "shm") != 0)) {
-    fprintf(stderr, "usage: host_probe [bytes >= 2] [rounds > 0] [loops 1-64] [shm|tcp]\n");
+  const size_t max_half = tcp ? 128 * 1024 : (size_t)1 << 30;
+  if (half == 0 || half > max_half || rounds <= 0 || rounds > 100000000 || loops <= 0 || loops > 64 ||
+      (argc > 4 && !tcp && strcmp(argv[4], "shm") != 0)) {
+    fprintf(stderr, "usage: host_probe [bytes 2-2GiB, 2-256KiB with tcp] [rounds 1-1e8] [loops 1-64] [shm|tcp]\n");
     return 2;
   }
+  alarm(60);
   struct sockaddr_in addr;
   const int listener = tcp ? tcp_listener(&addr) : -1;
   const size_t header = 4096;
@@ -108,6 +116,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int rank = child == 0;
+  if (rank == 1) {
+    alarm(60);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) return 1; /* the parent is gone already */
+  }
   int conn = -1;
   if (tcp) {
     conn = rank == 1 ? socket(AF_INET, SOCK_STREAM, 0) : accept(listener, NULL, NULL);
@@ -139,10 +152,10 @@ int main(int argc, char** argv) {
     }
     times[loop] = (now_us() - start) / rounds;
   }
-  if (rank == 1) return got[0] == 1 ? 0 : 1;
+  if (rank == 1) return got[0] == 1 && got[half - 1] == 1 ? 0 : 1;
   int status = 0;
   waitpid(child, &status, 0);
   qsort(times, loops, sizeof times[0], by_value);
   printf("%.2f\n", times[loops / 2]);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 && got[0] == 2 ? 0 : 1;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 && got[0] == 2 && got[half - 1] == 2 ? 0 : 1;
 }

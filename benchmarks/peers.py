@@ -15,7 +15,7 @@ Peers that are not installed are skipped, and the output says so; `--install` in
 `--probe` runs benchmarks/host_probe.c (two processes exchanging 32 KiB through shared memory, no
 library) before and after every launch. This host's speed at moving data between its cores changes
 by 3-4x from one minute to the next, and every peer's small messages move with it; the probe tells
-the modes apart, and the report adds a table per mode of the launches whose probes agree.
+the modes apart, and the report adds a table by mode of the launches whose probes agree.
 
     python3 benchmarks/peers.py [--install] [--base CHECKOUT] [--configs shm2,shm4,tcp2] [--rounds 3]
                                 [--sizes 4K,64K,1M,64M] [--probe] [--out benchmarks/results/peers]
@@ -139,7 +139,8 @@ class HostProbe:
         subprocess.run([compiler, "-O2", "-o", str(self.binary), str(PROBE)], check=True)
 
     def __call__(self) -> float:
-        out = subprocess.run([str(self.binary), "65536", "1000", "3"], check=True, capture_output=True, text=True)
+        out = subprocess.run([str(self.binary), "65536", "1000", "3"], check=True, capture_output=True, text=True,
+                             timeout=120)
         return float(out.stdout)
 
 
@@ -174,20 +175,22 @@ def by_mode(config: str, cases: list[Case], sizes: list[int], results: dict[str,
     ran = [c for c in cases if results[c.label]]
     first = ran[0].label
     lines = [f"#### {config} by the host's mode ({heading})\n",
-             "| mode | size | " + " | ".join(f"{c.label} (us, launches)" for c in ran) + " | " +
-             " | ".join(f"{c.label} / {first}" for c in ran[1:]) + " |",
+             row(["mode", "size", *(f"{c.label} (us, launches)" for c in ran), *(f"{c.label} / {first}" for c in ran[1:])]),
              "| --- " * (2 + 2 * len(ran) - 1) + "|"]
     for mode, holds in modes.items():
         kept = {c.label: [r for r in results[c.label] if holds(r["probe_us"])] for c in ran}
         if not all(kept.values()):
-            lines.append(f"| {mode} | | " + " | ".join(f"- ({len(kept[c.label])})" for c in ran) + " |" + " |" * (len(ran) - 1))
+            lines.append(row([mode, "", *(f"- ({len(kept[c.label])})" for c in ran), *([""] * (len(ran) - 1))]))
             continue
         for n in sizes:
             med = {c.label: statistics.median(r["us"][str(n)] for r in kept[c.label]) for c in ran}
-            lines.append(f"| {mode} | {format_size(n)} | " +
-                         " | ".join(f"{med[c.label]:.1f} ({len(kept[c.label])})" for c in ran) + " | " +
-                         " | ".join(f"{med[c.label] / med[first]:.2f}" for c in ran[1:]) + " |")
+            lines.append(row([mode, format_size(n), *(f"{med[c.label]:.1f} ({len(kept[c.label])})" for c in ran),
+                              *(f"{med[c.label] / med[first]:.2f}" for c in ran[1:])]))
     return "\n".join(lines) + "\n"
+
+
+def row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def table(config: str, world: int, transport: str, cases: list[Case], sizes: list[int],
@@ -197,13 +200,12 @@ def table(config: str, world: int, transport: str, cases: list[Case], sizes: lis
     if not ran:
         return head + "no peer gave a result\n"
     first = ran[0].label
-    lines = ["| size | " + " | ".join(f"{c.label} (us)" for c in ran) + " | " +
-             " | ".join(f"{c.label} / {first}" for c in ran[1:]) + " |"]
+    lines = [row(["size", *(f"{c.label} (us)" for c in ran), *(f"{c.label} / {first}" for c in ran[1:])])]
     lines.append("| --- " * (1 + 2 * len(ran) - 1) + "|")
     for n in sizes:
         med = {c.label: medians[c.label][str(n)] for c in ran}
-        lines.append(f"| {format_size(n)} | " + " | ".join(f"{med[c.label]:.1f}" for c in ran) + " | " +
-                     " | ".join(f"{med[c.label] / med[first]:.2f}" for c in ran[1:]) + " |")
+        lines.append(row([format_size(n), *(f"{med[c.label]:.1f}" for c in ran),
+                          *(f"{med[c.label] / med[first]:.2f}" for c in ran[1:])]))
     names = "\n".join(f"- {c.label}: {results[c.label][0]['name']}" for c in ran)
     return head + "\n".join(lines) + "\n\n" + names + "\n"
 

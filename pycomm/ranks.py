@@ -42,9 +42,12 @@ def fork_ranks(
     # run the launcher's (the trainer raises from it), whose exception Python's after-fork hooks
     # swallow, and the rank would wait out the kill. Blocked, it stays pending until the rank's
     # handler is the default one.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    # Read apart from the change: pthread_sigmask changes the mask before it runs pending Python
+    # handlers, so the call that blocks may raise with SIGTERM blocked already.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
         try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             for rank in range(nproc):
                 proc = ctx.Process(
                     target=_rank_main, args=(entry, rank, addresses, timeout_s, mask, args), name=f"rank{rank}"

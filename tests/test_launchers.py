@@ -89,3 +89,26 @@ def test_a_rank_stopped_before_it_has_started_ends_by_that_signal(run: Any, monk
     assert len(stopped) == 2
     codes = [proc.exitcode for proc in stopped]
     assert codes == [-signal.SIGTERM] * 2, f"ranks ended with {codes}, expected SIGTERM for both"
+
+
+def test_a_signal_raised_while_blocking_sigterm_leaves_it_unblocked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pthread_sigmask changes the mask first and then runs pending Python handlers: one that raises
+    (a SIGINT pending at that moment) comes out of the call that blocked SIGTERM. The launcher must
+    not keep SIGTERM blocked after that, or its own handler never runs again."""
+    real = signal.pthread_sigmask
+
+    def interrupted(how: int, mask: Any) -> Any:
+        old = real(how, mask)
+        if how == signal.SIG_BLOCK and signal.SIGTERM in set(mask):
+            raise KeyboardInterrupt
+        return old
+
+    before = real(signal.SIG_BLOCK, [])
+    monkeypatch.setattr(signal, "pthread_sigmask", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pycomm.ranks.fork_ranks(2, print, (), 30.0, lambda: None)
+        left = real(signal.SIG_BLOCK, [])
+    finally:
+        real(signal.SIG_SETMASK, before)
+    assert signal.SIGTERM not in left, "fork_ranks left SIGTERM blocked in the launcher"
