@@ -150,11 +150,11 @@ class Communicator {
   std::shared_ptr<Request> send(const void* data, size_t nbytes, int peer, uint64_t tag);
   // peer may be transport::Transport::kAnyPeer.
   std::shared_ptr<Request> recv(void* data, size_t nbytes, int peer, uint64_t tag);
-  // Runs `callback` once `request` (a point-to-point one) is done: on the completing thread, or on
-  // the group's completion thread (never the transport's event loop, where a callback that waits
-  // for another receive of the group would stop the loop that is to deliver it) if that is the
-  // transport's I/O thread or inside a collective, unless `awaited()` says a thread waits to complete it itself: waking the
-  // completion thread for nothing costs a context switch per message.
+  // Runs `callback` once `request` (a point-to-point one) is done: on the completing thread, or,
+  // when that thread is the transport's event loop or inside a collective, on the group's
+  // completion thread (a callback on the loop that waits for another receive of the group would
+  // stop the loop that is to deliver it), unless `awaited()` says a thread waits to complete it
+  // itself: waking the completion thread for nothing costs a context switch per message.
   void onComplete(const std::shared_ptr<Request>& request, std::function<void()> callback,
                   std::function<bool()> awaited = nullptr);
   // Waits for a point-to-point request up to `timeout`; detaches it if that passes.

@@ -53,7 +53,7 @@ void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t cou
 size_t rhdScratchBytes(size_t count, DataType dtype);
 // rhd.h's all-reduce, step for step: the fold-in of the first 2(p - p') ranks, then, among p' ranks,
 // whole-vector recursive doubling (short) or recursive halving then doubling (`halving`, long), then
-// the fold-out. Each exchange is one group with the partner; reductions run in rhd.cc's order, so
+// the fold-out. Each exchange is one group with the partner; reductions run in rhd_schedule.h's order, so
 // the bits are the CPU rhd's with the same `halving`.
 void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
                   bool halving);

@@ -10,13 +10,10 @@
 //    Fewest hops of all; n log2 p' bytes per rank.
 #pragma once
 
-#include "../dtype.h"
-#include "op.h"
-
 namespace pycomm::algorithms {
 
-// Who takes part in rhd among `size` ranks, shared by the CPU schedule below and the queued one
-// (queued_collectives.h), so that both pair, split and reduce alike.
+// Who takes part in rhd among `size` ranks, used by its schedule (rhd_schedule.h), which the CPU
+// and the queued executor (queued_collectives.h) both run, so that both pair, split and reduce alike.
 struct RhdRanks {
   RhdRanks(int rank, int size);
   int q;      // the largest power of two not above size

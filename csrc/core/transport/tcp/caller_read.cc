@@ -61,9 +61,10 @@ void TcpTransport::readOnCallingThread(Connection& peer, Request& request, Clock
   Completions found;
   bool drained = false;  // the last read found the socket empty at a frame boundary
   // Reads what the socket holds up to this request's frame, and then a few short frames that are
-  // already there (the next steps of the same op, often): never a long payload past its own frame,
-  // which is the loop's, and never an endless stream. False if the loop must take over (rings,
-  // stopping, closed).
+  // already there (the next steps of the same op, often), no more than kCallerReadMaxBytes of
+  // payload in all: never a long payload past its own frame, which is the loop's, and never an
+  // endless stream, which would hold back what it completes. False if the loop must take over
+  // (rings, stopping, closed).
   auto readNow = [&](int& fd) {
     drained = false;
     return handleInput(
@@ -76,11 +77,16 @@ void TcpTransport::readOnCallingThread(Connection& peer, Request& request, Clock
             return request.done() || std::any_of(deferred.begin(), deferred.end(),
                                                  [&](const Completion& c) { return c.request.get() == &request; });
           };
+          size_t bytesPast = 0;  // payload bytes of the frames past its own it has started
           for (int readsPast = 0; !peer.readViaRing && !loop_.stopping();) {
             if (completedHere()) {
-              const bool longPayloadNext = peer.headerGot == sizeof(FrameHeader) &&
-                                           peer.header.nbytes - peer.payloadGot > kCallerReadMaxBytes;
-              if (longPayloadNext || ++readsPast > kCallerReadsPastOwnFrame) break;
+              const bool headerIn = peer.headerGot == sizeof(FrameHeader);
+              const size_t payloadLeft = headerIn ? peer.header.nbytes - peer.payloadGot : 0;
+              if (headerIn && peer.payloadGot == 0) bytesPast += payloadLeft;  // a payload starts
+              if (payloadLeft > kCallerReadMaxBytes || bytesPast > kCallerReadMaxBytes ||
+                  ++readsPast > kCallerReadsPastOwnFrame) {
+                break;
+              }
             }
             if (!readSome(peer)) {
               drained = peer.headerGot == 0;  // nothing half read, which the loop would have to finish
