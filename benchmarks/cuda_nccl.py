@@ -18,7 +18,6 @@ message where torch sees none.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -27,9 +26,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from gpu_ranks import run_ranks
+from gpu_ranks import gpu_parser, parse_or_skip, run_ranks
 
-from pycomm.bench.sizes import parse_size
 
 WORLD = 2
 ROUTES = {
@@ -107,17 +105,13 @@ def worker(rank: int, port: int, sizes: list[int], routes: list[str], reps: int,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M")
-    parser.add_argument("--reps", type=int, default=3)
+    parser = gpu_parser(__doc__, sizes="4K,64K,1M,16M,64M,256M", reps=3, port=29673)
     parser.add_argument("--routes", default=",".join(ROUTES))
-    parser.add_argument("--port", type=int, default=29673)
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds before the ranks are stopped")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("cuda_nccl: no GPU visible to torch; nothing measured")
+    parsed = parse_or_skip(parser, "cuda_nccl")
+    if parsed is None:
         return 0
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    args, sizes = parsed
     routes = args.routes.split(",")
     unknown = [r for r in routes if r not in ROUTES]
     if unknown:

@@ -10,7 +10,6 @@ message where torch sees none.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -19,9 +18,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from gpu_ranks import run_ranks
+from gpu_ranks import gpu_parser, parse_or_skip, run_ranks
 
-from pycomm.bench.sizes import parse_size
 
 WORLD = 2
 
@@ -63,16 +61,12 @@ def worker(rank: int, port: int, sizes: list[int], iters: int, reps: int, result
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="4K,64K,1M,16M,64M")
+    parser = gpu_parser(__doc__, sizes="4K,64K,1M,16M,64M", reps=5, port=29671)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--port", type=int, default=29671)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("cuda_staged: no GPU visible to torch; nothing measured")
+    parsed = parse_or_skip(parser, "cuda_staged")
+    if parsed is None:
         return 0
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    args, sizes = parsed
     rows, clean = run_ranks(worker, WORLD, (args.port, sizes, args.iters, args.reps), 480)
     if rows is None:
         print("cuda_staged: the ranks failed or took longer than 480 s; nothing measured")
