@@ -50,6 +50,7 @@ CONFIGS = {
     "shm2": (2, "shm", "self,vader"),
     "shm4": (4, "shm", "self,vader"),
     "tcp2": (2, "tcp", "self,tcp"),
+    "tcp4": (4, "tcp", "self,tcp"),
 }
 
 
