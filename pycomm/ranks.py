@@ -41,9 +41,9 @@ def fork_ranks(
     # SIGTERM stays blocked across the forks: a rank that got it before resetting its handler would
     # run the launcher's (the trainer raises from it), whose exception Python's after-fork hooks
     # swallow, and the rank would wait out the kill. Blocked, it stays pending until the rank's
-    # handler is the default one.
-    # Read apart from the change: pthread_sigmask changes the mask before it runs pending Python
-    # handlers, so the call that blocks may raise with SIGTERM blocked already.
+    # handler is the default one. The launcher's mask is read on its own first: pthread_sigmask
+    # changes the mask before it runs pending Python handlers, so the call that blocks may raise
+    # with SIGTERM blocked already, and the `finally` must then restore it.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
         try:
