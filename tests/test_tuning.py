@@ -40,18 +40,33 @@ def test_bands_pick_the_measured_best_at_every_measured_size(seed: int, world: i
 
 # (algorithm, p, n) -> (steps, bytes per rank), worked out from each schedule by hand: ring's
 # reduce-scatter + all-gather, the tree's up and down passes of each half, rhd's fold onto the
-# largest power of two q <= p, with whole-vector doubling below 64 KiB and halving above.
+# largest power of two q <= p (two steps, 2n bytes), then whole-vector doubling (n log2 q bytes)
+# below 64 KiB, below 512 KiB when q is 2, and halving-doubling from there; rhd's steps are
+# counted 2 log2 q in both modes (cost_model.h says why).
 SCHEDULES = {
     ("ring", 1, 4096): (0, 0), ("ring", 4, 4096): (6, 6144), ("ring", 5, 1000): (8, 1600),
     ("tree", 2, 4096): (2, 8192), ("tree", 5, 4096): (6, 8192), ("tree", 8, 100): (6, 200),
     ("rhd", 4, 4096): (4, 8192), ("rhd", 6, 4096): (6, 4096 * 2 + 8192), ("rhd", 8, 1 << 20): (6, 1.75 * (1 << 20)),
     ("rhd", 6, 1 << 20): (6, 1.5 * (1 << 20) + 2 * (1 << 20)), ("rhd", 1, 1 << 20): (0, 0),
+    ("rhd", 4, 65535): (4, 2 * 65535), ("rhd", 4, 65536): (4, 1.5 * 65536), ("rhd", 3, 4096): (4, 4096 + 8192),
 }
 
 
 @pytest.mark.parametrize(("algorithm", "p", "n"), SCHEDULES)
 def test_model_follows_the_schedules(algorithm: str, p: int, n: int) -> None:
     assert (tuning.steps(algorithm, p), tuning.bytes_moved(algorithm, n, p)) == pytest.approx(SCHEDULES[algorithm, p, n])
+
+
+@pytest.mark.parametrize("n", [1, 4096, 61440, 65536, 256 * 1024, (1 << 19) - 4])
+def test_two_ranks_take_one_exchange_below_the_halving_threshold(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # rhd is one exchange of the vector, every other schedule two: no table can make them cheaper,
+    # the shipped one included (fitted at world 4, it picks the ring at 60 KiB).
+    monkeypatch.setenv("PYCOMM_TUNING_FILE", str(tuning.DEFAULT_TABLE))
+    ring_cheap = [(-1, {"ring": (1e-9, 1e-15), "tree": (1e-3, 1e-6), "rhd": (1e-3, 1e-6)})]
+    for bands in (tuning.load_cost_model(), ring_cheap):
+        assert tuning.choose(bands, n, 2) == "rhd"
+    assert tuning.choose(ring_cheap, 1 << 19, 2) == "ring"  # from the threshold on, the table decides
+    assert tuning.choose(ring_cheap, n, 3) == "ring"
 
 
 def test_choice_is_the_cores() -> None:
@@ -113,3 +128,17 @@ def test_group_follows_its_table(tmp_path: Path) -> None:
     table.write_text(json.dumps(document))
     for ran in run_ranks(_auto_worker, 3, backend="pycomm", timeout_s=120, args=(str(table),)):
         assert ran == [(1024, "rhd"), (4096, "rhd"), (65536, "tree"), (1 << 20, "tree"), (4 << 20, "ring")], ran
+
+
+def test_the_shipped_table_is_the_models_fit_of_its_own_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A change to steps(p) or bytes(n, p) must refit the shipped table from its recorded points
+    # (it is exact at every measured size), or auto picks by constants fitted to another model.
+    monkeypatch.setenv("PYCOMM_TUNING_FILE", str(tuning.DEFAULT_TABLE))
+    document = json.loads(tuning.DEFAULT_TABLE.read_text())
+    world = int(document["world_size"])
+    points = [(p["algo"], int(p["size_bytes"]), world, float(p["seconds"])) for p in document["points"]]
+    bands = tuning.load_cost_model()
+    for algorithm, n, p, t in points:
+        alpha, beta = next(model for limit, model in bands if limit < 0 or n <= limit)[algorithm]
+        predicted = alpha * tuning.steps(algorithm, p) + beta * tuning.bytes_moved(algorithm, n, p)
+        assert predicted == pytest.approx(t, rel=1e-6), (algorithm, n)

@@ -18,10 +18,12 @@
 //     fail with both ops named.
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/algorithms/allreduce_plan.h"
 #include "core/algorithms/cost_model.h"
@@ -83,7 +85,11 @@ void checkAllreduce(int size, Algorithm algorithm) {
   MemoryStore store;
   auto comms = cpuGroup(size, store, algorithm, 4096);
   const size_t chunkElems = 97;  // a prime: chunks of odd lengths, many pipeline steps in the tree
-  for (size_t count : kCounts) {
+  std::vector<size_t> counts(std::begin(kCounts), std::end(kCounts));
+  // rhd's mode changes at 64 KiB with four ranks or more (65537 floats are past it) and at 512 KiB
+  // with two or three: this count is past both, and only rhd changes there.
+  if (algorithm == Algorithm::kRhd) counts.push_back(262145);
+  for (size_t count : counts) {
     HostFabric fabric(std::chrono::seconds(20));
     runRanks(size, [&](int r) {
       HostLink link(fabric, r, size);
@@ -94,8 +100,8 @@ void checkAllreduce(int size, Algorithm algorithm) {
           std::vector<uint8_t> scratch(queued::treeScratchBytes(count, chunkElems, dtype));
           queued::treeAllreduce(link, buf, scratch.data(), count, dtype, op, chunkElems);
         } else if (algorithm == Algorithm::kRhd) {
-          // The CPU's choice of mode: both occur among kCounts (65537 floats are past the threshold).
-          const bool halving = count * elementSize(dtype) >= algorithms::kRhdHalvingThreshold;
+          // The CPU's choice of mode: both occur among the counts at every world size.
+          const bool halving = algorithms::rhdHalvingFor(count, dtype, size);
           std::vector<uint8_t> scratch(queued::rhdScratchBytes(count, dtype));
           queued::rhdAllreduce(link, buf, scratch.data(), count, dtype, op, halving);
         } else {

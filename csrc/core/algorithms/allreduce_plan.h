@@ -2,7 +2,7 @@
 // transfers, and the one dispatch that runs the decision on either executor (steps.h).
 //
 //   requested algorithm --(auto: cost_model.h's alpha-beta model)--> ring | tree | rhd
-//   rhd's mode: whole-vector recursive doubling below kRhdHalvingThreshold bytes, halving above
+//   rhd's mode: whole-vector recursive doubling below rhdHalvingThreshold(p) bytes, halving from it
 //   chunk: the group's chunk bytes in elements (the pipelining grain of the CPU ring and the tree)
 //
 // The communicator plans with its measured cost model; the device path (NCCL, csrc/torch) plans
@@ -34,10 +34,10 @@ struct AllreducePlan {
 AllreducePlan planAllreduce(Algorithm requested, const CostModel* model, size_t nbytes, int size, DataType dtype,
                             size_t chunkBytes);
 
-// rhd's mode for an all-reduce of `count` elements: the same rule on every executor, so a queued
-// rhd gives the CPU rhd's bits.
-inline bool rhdHalvingFor(size_t count, DataType dtype) {
-  return count * elementSize(dtype) >= kRhdHalvingThreshold;
+// rhd's mode for an all-reduce of `count` elements over `size` ranks: the same rule on every
+// executor, so a queued rhd gives the CPU rhd's bits.
+inline bool rhdHalvingFor(size_t count, DataType dtype, int size) {
+  return rhdHalvingFor(static_cast<double>(count) * elementSize(dtype), size);
 }
 
 // Scratch bytes runAllreduce needs for `count` elements over `size` ranks.
@@ -61,7 +61,7 @@ void runAllreduce(Steps& x, const AllreducePlan& plan, uint8_t* data, uint8_t* s
       treeAllreduceSchedule(x, data, scratch, count, dtype, op, plan.chunkElems);
       break;
     case Algorithm::kRhd:
-      rhdAllreduceSchedule(x, data, scratch, count, dtype, op, rhdHalvingFor(count, dtype));
+      rhdAllreduceSchedule(x, data, scratch, count, dtype, op, rhdHalvingFor(count, dtype, x.size()));
       break;
     default:
       ringAllreduceSchedule(x, data, scratch, Segments(count, x.size()), dtype, op, plan.chunkElems, true);

@@ -16,6 +16,8 @@ int largestPowerOfTwo(int p) {
 
 }  // namespace
 
+size_t rhdHalvingThreshold(int p) { return largestPowerOfTwo(p) == 2 ? 512 * 1024 : 64 * 1024; }
+
 double modelSteps(Algorithm algorithm, int p) {
   if (p <= 1) return 0;
   const int q = largestPowerOfTwo(p);
@@ -36,7 +38,7 @@ double modelBytes(Algorithm algorithm, double n, int p) {
     case Algorithm::kRing: return 2.0 * (p - 1) / p * n;
     case Algorithm::kTree: return 2.0 * n;  // each half goes up and down once per link
     case Algorithm::kRhd:
-      if (n < kRhdHalvingThreshold) return n * std::log2(q) + fold;
+      if (!rhdHalvingFor(n, p)) return n * std::log2(q) + fold;
       return 2.0 * (q - 1) / q * n + fold;
     default: return 0;
   }
@@ -48,6 +50,10 @@ double predictSeconds(const CostModel& model, Algorithm algorithm, size_t nbytes
 }
 
 Algorithm chooseAllreduce(const CostModel& model, size_t nbytes, int p) {
+  // Two ranks below the halving threshold: rhd is one exchange of the whole vector, where the ring
+  // and rhd's halving make two of half of it and the tree two of all of it. The same bytes or fewer
+  // in half the round trips, whatever the constants a table fitted at another world size says.
+  if (p == 2 && !rhdHalvingFor(static_cast<double>(nbytes), p)) return Algorithm::kRhd;
   Algorithm best = Algorithm::kRing;
   double bestTime = std::numeric_limits<double>::infinity();
   for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd}) {
