@@ -52,6 +52,7 @@ def parity_worker(rank: int, world: int) -> tuple[list[str], int]:
     # carried only their addresses.
     keys = formation_keys("pycomm/split/")
     f.check("the split's store keys", None if keys and all(re.fullmatch(r"pycomm/addr/\d", k) for k in keys) else f"{keys}")
+    dist.barrier()  # rank 0 hosts the store: it may not exit while another rank still reads it
     return f.result()
 
 

@@ -535,6 +535,35 @@ void checkPlannedAllreduce(int size) {
     }
   }
 }
+
+// rhd doubles the whole vector below 512 KiB with two ranks and below 64 KiB with four, and halves
+// from there (cost_model.h's measurements): the planned rhd's sends, by hand, either side of each
+// (log2 q exchanges when it doubles, 2 log2 q when it halves and doubles).
+void checkRhdModes() {
+  struct Case {
+    int size;
+    size_t nbytes;
+    int sends;
+  };
+  for (const Case c : {Case{2, 4, 1}, Case{2, 65536, 1}, Case{2, 524284, 1}, Case{2, 524288, 2},
+                       Case{4, 65532, 2}, Case{4, 65536, 4}, Case{4, 524284, 4}}) {
+    const size_t count = c.nbytes / sizeof(float);
+    HostFabric fabric(std::chrono::seconds(20));
+    runRanks(c.size, [&](int r) {
+      HostLink host(fabric, r, c.size);
+      algorithms::CountingLink link(host);
+      const auto plan = algorithms::planAllreduce(Algorithm::kRhd, nullptr, c.nbytes, c.size, DataType::kFloat32, 4096);
+      std::vector<float> mine(count, static_cast<float>(r + 1));
+      std::vector<uint8_t> scratch(algorithms::queued::allreduceScratchBytes(plan, count, c.size, DataType::kFloat32));
+      algorithms::queued::allreduce(link, plan, reinterpret_cast<uint8_t*>(mine.data()), scratch.data(), count,
+                                    DataType::kFloat32, ReduceOp::kSum);
+      const float expect = static_cast<float>(c.size * (c.size + 1) / 2);
+      EXPECT_TRUE(link.sendsPosted() == static_cast<uint64_t>(c.sends) && (mine.empty() || (mine.front() == expect && mine.back() == expect)),
+                  "rhd at world ", c.size, ", ", c.nbytes, " B: rank ", r, " sent ", link.sendsPosted(), " times, expected ",
+                  c.sends);
+    });
+  }
+}
 }  // namespace
 
 int main() {
@@ -545,5 +574,6 @@ int main() {
       check(size);
     }
   }
+  checkRhdModes();
   return pycomm::testing::finish("test_queued_collectives");
 }

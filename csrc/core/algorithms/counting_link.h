@@ -17,12 +17,17 @@ class CountingLink final : public QueuedLink {
 
   uint64_t bytesSent() const { return sent_; }
   uint64_t bytesReceived() const { return received_; }
+  uint64_t sendsPosted() const { return sends_; }
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   void post(const std::vector<QueuedTransfer>& transfers, const char* what) override {
     inner_.post(transfers, what);
-    for (const auto& t : transfers) (t.kind == QueuedTransfer::Kind::kSend ? sent_ : received_) += t.bytes;
+    for (const auto& t : transfers) {
+      const bool send = t.kind == QueuedTransfer::Kind::kSend;
+      (send ? sent_ : received_) += t.bytes;
+      sends_ += send ? 1 : 0;
+    }
   }
   void reduce(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) override {
     inner_.reduce(dst, src, count, dtype, op);
@@ -47,6 +52,7 @@ class CountingLink final : public QueuedLink {
   QueuedLink& inner_;
   uint64_t sent_ = 0;
   uint64_t received_ = 0;
+  uint64_t sends_ = 0;
 };
 
 }  // namespace pycomm::algorithms
