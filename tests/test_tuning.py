@@ -60,7 +60,7 @@ def test_model_follows_the_schedules(algorithm: str, p: int, n: int) -> None:
 @pytest.mark.parametrize("n", [1, 4096, 61440, 65536, 256 * 1024, (1 << 19) - 4])
 def test_two_ranks_take_one_exchange_below_the_halving_threshold(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # rhd is one exchange of the vector, every other schedule two: no table can make them cheaper,
-    # the shipped one included (fitted at world 4, it picks the ring at 60 KiB).
+    # the shipped one included (fitted at world 4, it would pick the ring at 60 KiB).
     monkeypatch.setenv("PYCOMM_TUNING_FILE", str(tuning.DEFAULT_TABLE))
     ring_cheap = [(-1, {"ring": (1e-9, 1e-15), "tree": (1e-3, 1e-6), "rhd": (1e-3, 1e-6)})]
     for bands in (tuning.load_cost_model(), ring_cheap):

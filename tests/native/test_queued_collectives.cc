@@ -558,9 +558,10 @@ void checkRhdModes() {
       algorithms::queued::allreduce(link, plan, reinterpret_cast<uint8_t*>(mine.data()), scratch.data(), count,
                                     DataType::kFloat32, ReduceOp::kSum);
       const float expect = static_cast<float>(c.size * (c.size + 1) / 2);
-      EXPECT_TRUE(link.sendsPosted() == static_cast<uint64_t>(c.sends) && (mine.empty() || (mine.front() == expect && mine.back() == expect)),
-                  "rhd at world ", c.size, ", ", c.nbytes, " B: rank ", r, " sent ", link.sendsPosted(), " times, expected ",
-                  c.sends);
+      const bool summed = mine.empty() || (mine.front() == expect && mine.back() == expect);
+      EXPECT_TRUE(link.sendsPosted() == static_cast<uint64_t>(c.sends) && summed, "rhd at world ", c.size, ", ",
+                  c.nbytes, " B: rank ", r, " sent ", link.sendsPosted(), " times, expected ", c.sends,
+                  summed ? "" : "; the sum is wrong");
     });
   }
 }

@@ -24,8 +24,8 @@ double modelBytes(Algorithm algorithm, double n, int p);
 // does it in one exchange instead of two: it is the faster until the vector is too large to
 // receive in one piece (loopback TCP at world 2, doubling against the ring, which halving matches
 // there: 128 KiB 46 against 53 us, 256 KiB 74-77 against 81-85, 512 KiB 140-171 against 147-149,
-// 1 MiB 421 against 212, halving 215). With
-// q >= 4 doubling moves log2 q times the vector against under twice it, so it stops at 64 KiB.
+// 1 MiB 421 against 212, halving 215). With q >= 4 doubling moves log2 q times the vector against
+// under twice it, so it stops at 64 KiB.
 size_t rhdHalvingThreshold(int p);
 inline bool rhdHalvingFor(double nbytes, int p) { return nbytes >= static_cast<double>(rhdHalvingThreshold(p)); }
 
