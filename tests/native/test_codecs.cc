@@ -41,6 +41,59 @@ bool sameFloat(float a, float b) {
   return floatToBits(a) == floatToBits(b);
 }
 
+// reduceMany (the shared-memory all-reduce's reduction: the first two sources combined out of
+// place, the rest in place) against scalar math in source order, for one to four sources of odd
+// lengths: float32 and float64 exactly (the same operations in the same order), integers exactly,
+// bool as logical or/and.
+template <typename T>
+void checkManyOf(std::mt19937& rng, DataType dtype, ReduceOp op, size_t nsrcs, size_t n) {
+  std::uniform_int_distribution<int> small(-9, 9);
+  std::vector<std::vector<T>> srcs(nsrcs, std::vector<T>(n));
+  for (auto& v : srcs) {
+    for (auto& x : v) x = dtype == DataType::kBool ? static_cast<T>(small(rng) > 0) : static_cast<T>(small(rng)) / 2;
+  }
+  std::vector<const void*> ptrs;
+  for (const auto& v : srcs) ptrs.push_back(v.data());
+  std::vector<T> dst(n, static_cast<T>(77));
+  reduceMany(dst.data(), ptrs.data(), nsrcs, n, dtype, op);
+  for (size_t i = 0; i < n; ++i) {
+    T expect = srcs[0][i];
+    for (size_t s = 1; s < nsrcs; ++s) {
+      const T y = srcs[s][i];
+      if (dtype == DataType::kBool) {
+        const bool orLike = op == ReduceOp::kSum || op == ReduceOp::kMax;
+        expect = static_cast<T>(orLike ? (expect != 0 || y != 0) : (expect != 0 && y != 0));
+        continue;
+      }
+      switch (op) {
+        case ReduceOp::kSum: expect = static_cast<T>(expect + y); break;
+        case ReduceOp::kProduct: expect = static_cast<T>(expect * y); break;
+        case ReduceOp::kMin: expect = std::min(expect, y); break;
+        default: expect = std::max(expect, y); break;
+      }
+    }
+    if (dst[i] != expect) {
+      EXPECT_TRUE(false, "reduceMany ", dtypeName(dtype), " ", reduceOpName(op), " of ", nsrcs, " sources, ", n,
+                  " elements: element ", i);
+      return;
+    }
+  }
+}
+
+void checkReduceMany(std::mt19937& rng) {
+  for (size_t nsrcs : {1, 2, 3, 4}) {
+    for (size_t n : {0, 1, 7, 1031}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
+        checkManyOf<float>(rng, DataType::kFloat32, op, nsrcs, n);
+        checkManyOf<double>(rng, DataType::kFloat64, op, nsrcs, n);
+        checkManyOf<int32_t>(rng, DataType::kInt32, op, nsrcs, n);
+        checkManyOf<int64_t>(rng, DataType::kInt64, op, nsrcs, n);
+        checkManyOf<uint8_t>(rng, DataType::kBool, op, nsrcs, n);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -134,5 +187,6 @@ int main() {
     threw = true;
   }
   EXPECT_TRUE(threw, "bitwise op on floats is rejected");
+  checkReduceMany(rng);
   return pycomm::testing::finish("test_codecs");
 }

@@ -47,10 +47,14 @@ struct Bxor {
   static T apply(T a, T b) { return a ^ b; }
 };
 
-// dst[i] = dst[i] op src[i]. Narrow integers are computed in int32 (C++ promotes to int anyway) and
-// cast back, which truncates as torch does.
+// dst[i] = a[i] op src[i], where `a` is `dst` (in place) or a buffer apart from it: two loops, as
+// the compiler vectorizes a loop whose pointers may alias only behind a runtime overlap check,
+// which an in-place call would fail. Out of place saves the copy of `a` into `dst` first: a pass
+// over the vector, as long as the reduction's own on the short shared-memory path. Narrow
+// integers are computed in int32 (C++ promotes to int anyway) and cast back, which truncates as
+// torch does.
 template <typename Op, typename T>
-void reduceTyped(T* __restrict dst, const T* __restrict src, size_t count) {
+PYCOMM_LOOP void reduceTyped(T* __restrict dst, const T* __restrict src, size_t count) {
   using Wide = std::conditional_t<std::is_integral_v<T> && (sizeof(T) < sizeof(int32_t)), int32_t, T>;
   for (size_t i = 0; i < count; ++i) {
     dst[i] = static_cast<T>(Op::apply(static_cast<Wide>(dst[i]), static_cast<Wide>(src[i])));
@@ -58,18 +62,47 @@ void reduceTyped(T* __restrict dst, const T* __restrict src, size_t count) {
 }
 
 template <typename Op, typename T>
-void reduceAs(void* dst, const void* src, size_t count) {
-  reduceTyped<Op>(static_cast<T*>(dst), static_cast<const T*>(src), count);
+PYCOMM_LOOP void combineTyped(T* __restrict dst, const T* __restrict a, const T* __restrict src, size_t count) {
+  using Wide = std::conditional_t<std::is_integral_v<T> && (sizeof(T) < sizeof(int32_t)), int32_t, T>;
+  for (size_t i = 0; i < count; ++i) {
+    dst[i] = static_cast<T>(Op::apply(static_cast<Wide>(a[i]), static_cast<Wide>(src[i])));
+  }
+}
+
+template <typename Op, typename T>
+PYCOMM_LOOP void reduceAs(void* dst, const void* a, const void* src, size_t count) {
+  if (a == dst) {
+    reduceTyped<Op>(static_cast<T*>(dst), static_cast<const T*>(src), count);
+  } else {
+    combineTyped<Op>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(src), count);
+  }
 }
 
 template <typename Op, float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
-void reduceHalf(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t count) {
+PYCOMM_LOOP void reduceHalfInPlace(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = fromFloat(Op::apply(toFloat(dst[i]), toFloat(src[i])));
+}
+
+template <typename Op, float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
+PYCOMM_LOOP void combineHalf(uint16_t* __restrict dst, const uint16_t* __restrict a, const uint16_t* __restrict src,
+                             size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = fromFloat(Op::apply(toFloat(a[i]), toFloat(src[i])));
+}
+
+template <typename Op, float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
+PYCOMM_LOOP void reduceHalf(void* dst, const void* a, const void* src, size_t count) {
+  auto* d = static_cast<uint16_t*>(dst);
+  const auto* y = static_cast<const uint16_t*>(src);
+  if (a == dst) {
+    reduceHalfInPlace<Op, toFloat, fromFloat>(d, y, count);
+  } else {
+    combineHalf<Op, toFloat, fromFloat>(d, static_cast<const uint16_t*>(a), y, count);
+  }
 }
 
 // bool: SUM and MAX are logical or, PRODUCT and MIN logical and (torch's semantics for bool).
 template <typename Op>
-void reduceBool(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t count) {
+PYCOMM_LOOP void reduceBool(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const uint8_t a = dst[i] != 0;
     const uint8_t b = src[i] != 0;
@@ -89,54 +122,49 @@ struct BoolXor {
 // The integer cases are written out in both switches rather than shared: one switch per dispatch
 // compiles to one jump table, and a shared helper changes the code GCC generates around the loops.
 template <typename Op>
-void dispatchArithmetic(void* dst, const void* src, size_t count, DataType dtype) {
+PYCOMM_LOOP void dispatchArithmetic(void* dst, const void* a, const void* src, size_t count, DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32: return reduceAs<Op, float>(dst, src, count);
-    case DataType::kFloat64: return reduceAs<Op, double>(dst, src, count);
-    case DataType::kFloat16:
-      return reduceHalf<Op, fp16ToFloat, floatToFp16>(static_cast<uint16_t*>(dst),
-                                                      static_cast<const uint16_t*>(src), count);
-    case DataType::kBFloat16:
-      return reduceHalf<Op, bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(dst),
-                                                      static_cast<const uint16_t*>(src), count);
-    case DataType::kInt8: return reduceAs<Op, int8_t>(dst, src, count);
-    case DataType::kUInt8: return reduceAs<Op, uint8_t>(dst, src, count);
-    case DataType::kInt16: return reduceAs<Op, int16_t>(dst, src, count);
-    case DataType::kInt32: return reduceAs<Op, int32_t>(dst, src, count);
-    case DataType::kInt64: return reduceAs<Op, int64_t>(dst, src, count);
+    case DataType::kFloat32: return reduceAs<Op, float>(dst, a, src, count);
+    case DataType::kFloat64: return reduceAs<Op, double>(dst, a, src, count);
+    case DataType::kFloat16: return reduceHalf<Op, fp16ToFloat, floatToFp16>(dst, a, src, count);
+    case DataType::kBFloat16: return reduceHalf<Op, bf16ToFloat, floatToBf16>(dst, a, src, count);
+    case DataType::kInt8: return reduceAs<Op, int8_t>(dst, a, src, count);
+    case DataType::kUInt8: return reduceAs<Op, uint8_t>(dst, a, src, count);
+    case DataType::kInt16: return reduceAs<Op, int16_t>(dst, a, src, count);
+    case DataType::kInt32: return reduceAs<Op, int32_t>(dst, a, src, count);
+    case DataType::kInt64: return reduceAs<Op, int64_t>(dst, a, src, count);
     default: throw InternalError(strCat("reduce: unexpected dtype ", dtypeName(dtype)));
   }
 }
 
 template <typename Op>
-void dispatchBitwise(void* dst, const void* src, size_t count, DataType dtype) {
+PYCOMM_LOOP void dispatchBitwise(void* dst, const void* a, const void* src, size_t count, DataType dtype) {
   switch (dtype) {
-    case DataType::kInt8: return reduceAs<Op, int8_t>(dst, src, count);
-    case DataType::kUInt8: return reduceAs<Op, uint8_t>(dst, src, count);
-    case DataType::kInt16: return reduceAs<Op, int16_t>(dst, src, count);
-    case DataType::kInt32: return reduceAs<Op, int32_t>(dst, src, count);
-    case DataType::kInt64: return reduceAs<Op, int64_t>(dst, src, count);
+    case DataType::kInt8: return reduceAs<Op, int8_t>(dst, a, src, count);
+    case DataType::kUInt8: return reduceAs<Op, uint8_t>(dst, a, src, count);
+    case DataType::kInt16: return reduceAs<Op, int16_t>(dst, a, src, count);
+    case DataType::kInt32: return reduceAs<Op, int32_t>(dst, a, src, count);
+    case DataType::kInt64: return reduceAs<Op, int64_t>(dst, a, src, count);
     default: throw InvalidUsageError(strCat("reduce: bitwise op on non-integer dtype ", dtypeName(dtype)));
   }
 }
 
 template <typename T>
-void scaleTyped(T* buf, size_t count, double factor) {
+PYCOMM_LOOP void scaleTyped(T* buf, size_t count, double factor) {
   for (size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
 }
 
 template <float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
-void scaleHalf(uint16_t* buf, size_t count, double factor) {
+PYCOMM_LOOP void scaleHalf(uint16_t* buf, size_t count, double factor) {
   const float f = static_cast<float>(factor);
   for (size_t i = 0; i < count; ++i) buf[i] = fromFloat(toFloat(buf[i]) * f);
 }
 
-}  // namespace
-
-PYCOMM_MULTIVERSION
-void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
+// dst = a op src, elementwise; `a` is `dst` or apart from it (reduceAs).
+PYCOMM_LOOP void reduceTo(void* dst, const void* a, const void* src, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0) return;
   if (dtype == DataType::kBool) {
+    if (a != dst) std::memcpy(dst, a, count);
     auto* d = static_cast<uint8_t*>(dst);
     const auto* s = static_cast<const uint8_t*>(src);
     switch (op) {
@@ -157,30 +185,37 @@ void reduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
   }
   switch (op) {
     case ReduceOp::kSum:
-      return dispatchArithmetic<Sum>(dst, src, count, dtype);
+      return dispatchArithmetic<Sum>(dst, a, src, count, dtype);
     case ReduceOp::kProduct:
-      return dispatchArithmetic<Product>(dst, src, count, dtype);
+      return dispatchArithmetic<Product>(dst, a, src, count, dtype);
     case ReduceOp::kMin:
-      return dispatchArithmetic<Min>(dst, src, count, dtype);
+      return dispatchArithmetic<Min>(dst, a, src, count, dtype);
     case ReduceOp::kMax:
-      return dispatchArithmetic<Max>(dst, src, count, dtype);
+      return dispatchArithmetic<Max>(dst, a, src, count, dtype);
     case ReduceOp::kBand:
-      return dispatchBitwise<Band>(dst, src, count, dtype);
+      return dispatchBitwise<Band>(dst, a, src, count, dtype);
     case ReduceOp::kBor:
-      return dispatchBitwise<Bor>(dst, src, count, dtype);
+      return dispatchBitwise<Bor>(dst, a, src, count, dtype);
     case ReduceOp::kBxor:
-      return dispatchBitwise<Bxor>(dst, src, count, dtype);
+      return dispatchBitwise<Bxor>(dst, a, src, count, dtype);
     default:
       break;
   }
   throw InvalidUsageError(strCat("reduce: unsupported op ", static_cast<int>(op)));
 }
 
+}  // namespace
+
+PYCOMM_MULTIVERSION
+void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
+  reduceTo(dst, dst, src, count, dtype, op);
+}
+
 namespace {
 
 // Half types: widen every source into an fp32 block accumulator, round once at the end.
 template <typename Op, float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
-void reduceManyHalf(uint16_t* dst, const void* const* srcs, size_t nsrcs, size_t count) {
+PYCOMM_LOOP void reduceManyHalf(uint16_t* dst, const void* const* srcs, size_t nsrcs, size_t count) {
   constexpr size_t kBlock = 1024;
   float acc[kBlock];
   for (size_t base = 0; base < count; base += kBlock) {
@@ -196,7 +231,7 @@ void reduceManyHalf(uint16_t* dst, const void* const* srcs, size_t nsrcs, size_t
 }
 
 template <float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
-bool reduceManyHalfDispatch(void* dst, const void* const* srcs, size_t nsrcs, size_t count, ReduceOp op) {
+PYCOMM_LOOP bool reduceManyHalfDispatch(void* dst, const void* const* srcs, size_t nsrcs, size_t count, ReduceOp op) {
   auto* d = static_cast<uint16_t*>(dst);
   switch (op) {
     case ReduceOp::kSum: reduceManyHalf<Sum, toFloat, fromFloat>(d, srcs, nsrcs, count); return true;
@@ -214,8 +249,12 @@ void reduceMany(void* dst, const void* const* srcs, size_t nsrcs, size_t count, 
   if (count == 0 || nsrcs == 0) return;
   if (dtype == DataType::kFloat16 && reduceManyHalfDispatch<fp16ToFloat, floatToFp16>(dst, srcs, nsrcs, count, op)) return;
   if (dtype == DataType::kBFloat16 && reduceManyHalfDispatch<bf16ToFloat, floatToBf16>(dst, srcs, nsrcs, count, op)) return;
-  std::memcpy(dst, srcs[0], count * elementSize(dtype));
-  for (size_t s = 1; s < nsrcs; ++s) reduceInto(dst, srcs[s], count, dtype, op);
+  if (nsrcs == 1) {
+    if (dst != srcs[0]) std::memcpy(dst, srcs[0], count * elementSize(dtype));
+    return;
+  }
+  reduceTo(dst, srcs[0], srcs[1], count, dtype, op);
+  for (size_t s = 2; s < nsrcs; ++s) reduceInto(dst, srcs[s], count, dtype, op);
 }
 
 PYCOMM_MULTIVERSION
