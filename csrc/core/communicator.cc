@@ -152,13 +152,32 @@ uint8_t* Communicator::scratch(size_t bytes) {
   return scratch_.data();
 }
 
-void Communicator::record(const std::string& key, uint64_t sent, uint64_t received, double seconds) {
-  std::lock_guard<std::mutex> lock(statsMutex_);
-  OpStats& s = stats_[key];
+namespace {
+
+void add(Communicator::OpStats& s, uint64_t sent, uint64_t received, double seconds) {
   ++s.calls;
   s.bytesSent += sent;
   s.bytesReceived += received;
   s.seconds += seconds;
+}
+
+}  // namespace
+
+void Communicator::record(const std::string& key, uint64_t sent, uint64_t received, double seconds) {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  add(stats_[key], sent, received, seconds);
+}
+
+void Communicator::record(const transport::OpSignature& signature, uint64_t sent, uint64_t received,
+                          double seconds) {
+  const auto kind = static_cast<size_t>(signature.kind);
+  const size_t codec = signature.codec < kStatsCodecs ? signature.codec : 0;  // as statsKey names it
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  if (kind >= kStatsKinds) {
+    add(stats_[statsKey(signature)], sent, received, seconds);
+    return;
+  }
+  add(collectiveStats_[kind][codec], sent, received, seconds);
 }
 
 std::string Communicator::statsKey(const transport::OpSignature& signature) {
@@ -171,6 +190,20 @@ std::map<std::string, Communicator::OpStats> Communicator::stats() const {
   {
     std::lock_guard<std::mutex> lock(statsMutex_);
     out = stats_;
+    for (size_t kind = 0; kind < kStatsKinds; ++kind) {
+      for (size_t codec = 0; codec < kStatsCodecs; ++codec) {
+        const OpStats& s = collectiveStats_[kind][codec];
+        if (s.calls == 0) continue;
+        transport::OpSignature signature;
+        signature.kind = static_cast<transport::OpKind>(kind);
+        signature.codec = static_cast<uint8_t>(codec);
+        OpStats& named = out[statsKey(signature)];
+        named.calls += s.calls;
+        named.bytesSent += s.bytesSent;
+        named.bytesReceived += s.bytesReceived;
+        named.seconds += s.seconds;
+      }
+    }
   }
   // Frame bytes (headers included) by the path they took; shared-memory collectives add to neither.
   out["transport/socket"].bytesSent = links_->socketBytesSent();

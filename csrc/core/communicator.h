@@ -7,6 +7,7 @@
 // behind an unrelated collective.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -143,7 +144,7 @@ class Communicator {
   std::map<std::string, OpStats> stats() const;
   // Counts an op that ran on another route (the NCCL link) under the key its signature gives.
   void recordRouted(const transport::OpSignature& signature, uint64_t sent, uint64_t received, double seconds) {
-    record(statsKey(signature), sent, received, seconds);
+    record(signature, sent, received, seconds);
   }
 
   // Point-to-point, from any thread; tags keep separate streams apart.
@@ -233,9 +234,15 @@ class Communicator {
   std::vector<uint8_t> scratch_;    // worker thread only
   std::vector<uint8_t> staging_;    // worker thread only: hierarchical reduce-scatter and all-gather
 
+  // The collectives' counters by kind and codec, named (statsKey) only when read: a key built and
+  // looked up per op costs an allocation and string compares, a share of a small op's time.
+  static constexpr size_t kStatsKinds = static_cast<size_t>(transport::OpKind::kSend) + 1;
+  static constexpr size_t kStatsCodecs = 5;  // none, fp16, bf16, fp8_e4m3, fp8_e5m2
   mutable std::mutex statsMutex_;
-  std::map<std::string, OpStats> stats_;
+  std::map<std::string, OpStats> stats_;  // by name: point-to-point
+  std::array<std::array<OpStats, kStatsCodecs>, kStatsKinds> collectiveStats_{};
   void record(const std::string& key, uint64_t sent, uint64_t received, double seconds);
+  void record(const transport::OpSignature& signature, uint64_t sent, uint64_t received, double seconds);
   // "allreduce", "allreduce/fp8_e4m3", ...: the op's kind and codec.
   static std::string statsKey(const transport::OpSignature& signature);
 

@@ -60,14 +60,15 @@ void Communicator::allreduce(void* data, size_t count, DataType dtype, const Red
 
 void Communicator::allreduceOp(void* data, size_t count, DataType dtype, ReduceOp op) {
   const size_t nbytes = count * elementSize(dtype);
-  const algorithms::AllreducePlan plan =
-      algorithms::planAllreduce(config_.algorithm, &config_.costModel, nbytes, size(), dtype, config_.chunkBytes);
   auto* buf = static_cast<uint8_t*>(data);
   const OpSignature signature = makeSignature(OpKind::kAllreduce, dtype, op, -1, count);
   if (runShm(signature, nbytes <= algorithms::kShmShortAllreduceBytes ? "shm-all" : "shm-slices",
              [&](const StepWait& w) { algorithms::shmAllreduce(*shm_, data, count, dtype, op, signature, w); })) {
     return;
   }
+  // Planned only for the connections: the cost model's evaluation is a share of a small op's cost.
+  const algorithms::AllreducePlan plan =
+      algorithms::planAllreduce(config_.algorithm, &config_.costModel, nbytes, size(), dtype, config_.chunkBytes);
   if (runHierarchical(signature, "hierarchical", [&](Op& cross, const algorithms::HostGrid& host) {
         hierarchicalAllreduce(cross, host, buf, count, dtype, op, plan.algorithm);
       })) {

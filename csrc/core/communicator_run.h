@@ -58,7 +58,7 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   // peer. Raise that now, after this op, so the ranks stay in step and every rank hears of it.
   if (std::string late = ledger_.takeLateFailure(); !late.empty()) throw RemoteError(late);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
-  if (formed_) record(statsKey(signature), op.bytesSent(), op.bytesReceived(), us * 1e-6);  // not the setup's
+  if (formed_) record(signature, op.bytesSent(), op.bytesReceived(), us * 1e-6);  // not the setup's
   if (logger_.enabled(LogLevel::kInfo)) {
     logger_.log(LogLevel::kInfo,
                 strCat(" seq=", seq, " ", transport::opKindName(signature.kind), " ",

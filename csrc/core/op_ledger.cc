@@ -75,9 +75,11 @@ bool OpLedger::failed(uint64_t seq, std::string* message) const {
 }
 
 std::string OpLedger::takeLateFailure() {
+  if (!hasLateFailure_.load()) return {};
   std::lock_guard<std::mutex> lock(mutex_);
   std::string taken;
   taken.swap(lateFailure_);
+  hasLateFailure_.store(false);
   return taken;
 }
 
@@ -122,6 +124,7 @@ OpLedger::PeerReport OpLedger::recordPeerReport(uint64_t seq, int peer, int lost
     if (std::find(succeeded_.begin(), succeeded_.end(), seq) != succeeded_.end() && lateFailure_.empty()) {
       lateFailure_ = strCat(context_, " collective seq=", seq, " completed on this rank but failed on peer ", peer,
                             ": ", text);
+      hasLateFailure_.store(true);
     }
     return withActiveFailedLocked({PeerReport::Outcome::kLate, {}, 0, {}});
   }

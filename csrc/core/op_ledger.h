@@ -12,6 +12,7 @@
 // lock order between the two).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -123,6 +124,7 @@ class OpLedger {
   std::map<uint64_t, transport::OpSignature> activeOps_;  // begun here, not yet retired
   std::deque<uint64_t> succeeded_;                        // recent ops that completed here, for late errors
   std::string lateFailure_;                               // a peer failed an op that succeeded here
+  std::atomic<bool> hasLateFailure_{false};               // lateFailure_ is set: read per op without the lock
   uint64_t retiredSeq_ = 0;
   Fault lastFault_ = Fault::kNone;
   std::set<int> lostRanks_;

@@ -169,7 +169,7 @@ class PycommBackend final : public ::c10d::Backend {
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<BucketedAllreduce> buckets_;
   std::mutex coalesceMutex_;
-  bool coalescing_ = false;
+  std::atomic<bool> coalescing_{false};  // written under coalesceMutex_; read first without it
   std::vector<c10::intrusive_ptr<PycommWork>> coalesced_;
   std::mutex streamsMutex_;
   std::map<c10::DeviceIndex, c10::Stream> commStreams_;

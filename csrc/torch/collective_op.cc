@@ -7,7 +7,11 @@
 namespace pycomm::torch_adapter {
 namespace {
 
-c10::TypePtr tensorListType() { return c10::ListType::create(c10::TensorType::get()); }
+// Made once: a new ListType per op is an allocation and two reference counts.
+const c10::TypePtr& tensorListType() {
+  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+  return type;
+}
 
 }  // namespace
 

@@ -92,10 +92,11 @@ c10::intrusive_ptr<PycommWork> PycommBackend::submit(const CollectiveOp& op, std
   auto work = c10::make_intrusive<PycommWork>(rank_, op.type(), op.title(), op.outputs(), op.outputType(),
                                               std::move(stagings),
                                               profiledInputs([&op] { return op.tensors().profiled(); }));
-  bool coalescing;
-  {
+  // The lock only inside a block: taken per op, it is a share of a small op's cost.
+  bool coalescing = false;
+  if (coalescing_.load()) {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
-    coalescing = coalescing_;
+    coalescing = coalescing_.load();
     if (coalescing) coalesced_.push_back(work);
   }
   auto& recorder = FlightRecorder::instance();

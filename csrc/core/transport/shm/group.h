@@ -29,6 +29,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "../frame.h"
 
@@ -37,7 +38,8 @@ namespace pycomm::transport::shm {
 // How a step waits: until when, for which op, and what ends the wait early.
 struct StepWait {
   std::chrono::steady_clock::time_point deadline;
-  std::string context;
+  // The op's, which outlives its steps: viewed, not copied (a copy is an allocation per op).
+  std::string_view context;
   // The error that ended the connection to communicator rank r, or null.
   std::function<std::exception_ptr(int)> peerFailure;
   uint64_t seq = 0;  // the op's sequence number, the same on every rank
@@ -76,7 +78,7 @@ class Group {
   // rank fails within milliseconds naming both ops instead of waiting for the timeout.
   virtual void announce(uint64_t seq, const OpSignature& sig) = 0;
   // A mismatch message if a peer announced op `seq` with another signature, else empty.
-  virtual std::string conflict(uint64_t seq, const OpSignature& sig, const std::string& context) const = 0;
+  virtual std::string conflict(uint64_t seq, const OpSignature& sig, std::string_view context) const = 0;
   // After a failure inside a step the ranks' epochs may disagree, so the group gives shared memory
   // up: from op `fromSeq` on, no rank runs a step here (the lowest such seq announced by any rank
   // wins). A rank already in a step of such an op fails it (one op at most), so no rank waits here

@@ -147,7 +147,7 @@ void SegmentGroup::announce(uint64_t seq, const OpSignature& sig) {
   a.seq.store(seq);  // seq_cst, then the caller reads the peers': one of two such ranks sees the other
 }
 
-std::string SegmentGroup::conflict(uint64_t seq, const OpSignature& sig, const std::string& context) const {
+std::string SegmentGroup::conflict(uint64_t seq, const OpSignature& sig, std::string_view context) const {
   for (int q = 0; q < size(); ++q) {
     if (q == rank()) continue;
     const Announcement& a = control(q).announced;

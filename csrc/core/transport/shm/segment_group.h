@@ -57,7 +57,7 @@ class SegmentGroup final : public Group {
   void publishResults(uint32_t epoch, const StepWait& wait) override;
 
   void announce(uint64_t seq, const OpSignature& sig) override;
-  std::string conflict(uint64_t seq, const OpSignature& sig, const std::string& context) const override;
+  std::string conflict(uint64_t seq, const OpSignature& sig, std::string_view context) const override;
   void abandon(uint64_t fromSeq) override;
   bool abandonedAt(uint64_t seq) const override;
 
