@@ -84,20 +84,10 @@ PYCOMM_LOOP void reduceHalfInPlace(uint16_t* __restrict dst, const uint16_t* __r
 }
 
 template <typename Op, float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
-PYCOMM_LOOP void combineHalf(uint16_t* __restrict dst, const uint16_t* __restrict a, const uint16_t* __restrict src,
-                             size_t count) {
-  for (size_t i = 0; i < count; ++i) dst[i] = fromFloat(Op::apply(toFloat(a[i]), toFloat(src[i])));
-}
-
-template <typename Op, float (*toFloat)(uint16_t), uint16_t (*fromFloat)(float)>
 PYCOMM_LOOP void reduceHalf(void* dst, const void* a, const void* src, size_t count) {
-  auto* d = static_cast<uint16_t*>(dst);
-  const auto* y = static_cast<const uint16_t*>(src);
-  if (a == dst) {
-    reduceHalfInPlace<Op, toFloat, fromFloat>(d, y, count);
-  } else {
-    combineHalf<Op, toFloat, fromFloat>(d, static_cast<const uint16_t*>(a), y, count);
-  }
+  // Out of place only from reduceMany, which sends its half types to reduceManyHalf: no loop of its own.
+  if (a != dst) std::memcpy(dst, a, count * sizeof(uint16_t));
+  reduceHalfInPlace<Op, toFloat, fromFloat>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count);
 }
 
 // bool: SUM and MAX are logical or, PRODUCT and MIN logical and (torch's semantics for bool).
