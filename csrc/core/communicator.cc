@@ -154,35 +154,33 @@ uint8_t* Communicator::scratch(size_t bytes) {
 
 namespace {
 
-void add(Communicator::OpStats& s, uint64_t sent, uint64_t received, double seconds) {
-  ++s.calls;
-  s.bytesSent += sent;
-  s.bytesReceived += received;
-  s.seconds += seconds;
+void add(Communicator::OpStats& into, const Communicator::OpStats& s) {
+  into.calls += s.calls;
+  into.bytesSent += s.bytesSent;
+  into.bytesReceived += s.bytesReceived;
+  into.seconds += s.seconds;
 }
 
 }  // namespace
 
 void Communicator::record(const std::string& key, uint64_t sent, uint64_t received, double seconds) {
   std::lock_guard<std::mutex> lock(statsMutex_);
-  add(stats_[key], sent, received, seconds);
+  add(stats_[key], {1, sent, received, seconds});
 }
 
 void Communicator::record(const transport::OpSignature& signature, uint64_t sent, uint64_t received,
                           double seconds) {
   const auto kind = static_cast<size_t>(signature.kind);
   const size_t codec = signature.codec < kStatsCodecs ? signature.codec : 0;  // as statsKey names it
+  const OpStats s{1, sent, received, seconds};
   std::lock_guard<std::mutex> lock(statsMutex_);
-  if (kind >= kStatsKinds) {
-    add(stats_[statsKey(signature)], sent, received, seconds);
-    return;
-  }
-  add(collectiveStats_[kind][codec], sent, received, seconds);
+  add(kind < kStatsKinds ? collectiveStats_[kind][codec] : stats_[statsKey(signature)], s);
 }
 
 std::string Communicator::statsKey(const transport::OpSignature& signature) {
   static const char* const kCodecs[] = {"", "/fp16", "/bf16", "/fp8_e4m3", "/fp8_e5m2"};
-  return std::string(transport::opKindName(signature.kind)).append(kCodecs[signature.codec <= 4 ? signature.codec : 0]);
+  const size_t codec = signature.codec < kStatsCodecs ? signature.codec : 0;
+  return std::string(transport::opKindName(signature.kind)).append(kCodecs[codec]);
 }
 
 std::map<std::string, Communicator::OpStats> Communicator::stats() const {
@@ -197,11 +195,7 @@ std::map<std::string, Communicator::OpStats> Communicator::stats() const {
         transport::OpSignature signature;
         signature.kind = static_cast<transport::OpKind>(kind);
         signature.codec = static_cast<uint8_t>(codec);
-        OpStats& named = out[statsKey(signature)];
-        named.calls += s.calls;
-        named.bytesSent += s.bytesSent;
-        named.bytesReceived += s.bytesReceived;
-        named.seconds += s.seconds;
+        add(out[statsKey(signature)], s);
       }
     }
   }

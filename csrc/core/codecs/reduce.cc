@@ -53,20 +53,22 @@ struct Bxor {
 // over the vector, as long as the reduction's own on the short shared-memory path. Narrow
 // integers are computed in int32 (C++ promotes to int anyway) and cast back, which truncates as
 // torch does.
+template <typename T>
+using Wide = std::conditional_t<std::is_integral_v<T> && (sizeof(T) < sizeof(int32_t)), int32_t, T>;
+
+template <typename Op, typename T>
+PYCOMM_LOOP T applyWide(T a, T b) {
+  return static_cast<T>(Op::apply(static_cast<Wide<T>>(a), static_cast<Wide<T>>(b)));
+}
+
 template <typename Op, typename T>
 PYCOMM_LOOP void reduceTyped(T* __restrict dst, const T* __restrict src, size_t count) {
-  using Wide = std::conditional_t<std::is_integral_v<T> && (sizeof(T) < sizeof(int32_t)), int32_t, T>;
-  for (size_t i = 0; i < count; ++i) {
-    dst[i] = static_cast<T>(Op::apply(static_cast<Wide>(dst[i]), static_cast<Wide>(src[i])));
-  }
+  for (size_t i = 0; i < count; ++i) dst[i] = applyWide<Op>(dst[i], src[i]);
 }
 
 template <typename Op, typename T>
 PYCOMM_LOOP void combineTyped(T* __restrict dst, const T* __restrict a, const T* __restrict src, size_t count) {
-  using Wide = std::conditional_t<std::is_integral_v<T> && (sizeof(T) < sizeof(int32_t)), int32_t, T>;
-  for (size_t i = 0; i < count; ++i) {
-    dst[i] = static_cast<T>(Op::apply(static_cast<Wide>(a[i]), static_cast<Wide>(src[i])));
-  }
+  for (size_t i = 0; i < count; ++i) dst[i] = applyWide<Op>(a[i], src[i]);
 }
 
 template <typename Op, typename T>
