@@ -79,7 +79,7 @@ PARALLEL_SAFE = frozenset({
     "test_algorithms", "test_bench_cli", "test_callbacks", "test_codec_exactness",
     "test_collectives", "test_compression", "test_concurrent_groups", "test_ddp_fsdp", "test_device_mesh",
     "test_functional_collectives", "test_fuzz_parsers", "test_group_lineage", "test_multiversion", "test_p2p",
-    "test_profiler", "test_soak", "test_sparse", "test_split", "test_tensor_modes", "test_train_cli",
+    "test_profiler", "test_soak", "test_sparse", "test_split", "test_work_paths", "test_tensor_modes", "test_train_cli",
     "test_train_recovery", "test_train_report", "test_tuning",
 })  # fmt: skip
 

@@ -67,7 +67,13 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::dispatch(std::shared_ptr<Collect
     }
     if (!task) task = [op, comm = comm_] { op->run(*comm); };
     queued = true;
-    return submit(*op, std::move(task), std::move(staging));
+    auto work = submit(*op, std::move(task), std::move(staging));
+    // A synchronous op that ran here and succeeded is done: c10d's Python wrappers skip wait() when
+    // given no Work (torch's contract for async_op=False), and so save the Work's Python object, the
+    // GIL released and retaken in wait(), and again when its outputs are dropped without the GIL.
+    // A failed op keeps its Work: wait() raises its error.
+    if (op->inlineOk() && work->succeeded()) return {};
+    return work;
   } catch (const std::exception& error) {
     if (!queued && !deviceRoute) rejectOnPeers(error);
     throw;

@@ -205,10 +205,13 @@ PYBIND11_MODULE(_C, m) {
              std::vector<at::Tensor> tensors{tensor};
              ::c10d::AllreduceOptions opts;
              opts.asyncOp = false;  // as dist.all_reduce without async_op
-             return secondsFor(iters, [&] { backend.allreduce(tensors, opts)->wait(); });
+             return secondsFor(iters, [&] {
+               // No Work when the op ran here and succeeded (dispatch()), as dist.all_reduce sees.
+               if (auto work = backend.allreduce(tensors, opts)) work->wait();
+             });
            }, py::arg("tensor"), py::arg("iters"),
-           "Seconds that `iters` SUM all-reduces of `tensor` take through PycommBackend::allreduce and "
-           "Work::wait, called in a loop from C++.")
+           "Seconds that `iters` SUM all-reduces of `tensor` take through PycommBackend::allreduce and, "
+           "when it returns one, Work::wait, called in a loop from C++.")
       .def("failed_ranks", &PycommBackend::failedRanks,
            "The group ranks this rank lost, waited for past the timeout, or heard lost from a peer.")
       .def("stats", [](const PycommBackend& backend) {

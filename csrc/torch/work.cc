@@ -81,6 +81,11 @@ void PycommWork::orderCurrentStreamAfterCopies() {
   for (const auto& s : stagings_) s->blockCurrentStream();
 }
 
+bool PycommWork::succeeded() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && !exception_;
+}
+
 void PycommWork::waitHost() {
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] { return completed_; });

@@ -39,6 +39,8 @@ class PycommWork : public ::c10d::Work {
   // copies back of a staged op.
   void synchronize() override;
   void blockCurrentStream() override;
+  // Completed, and without an error.
+  bool succeeded() const;
   // Waits on the host only, with no stream ordered after the op: for pycomm's own worker.
   virtual void waitHost();
   const std::vector<std::shared_ptr<DeviceStaging>>& stagings() const { return stagings_; }
