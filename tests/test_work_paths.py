@@ -6,13 +6,19 @@ wrappers call wait() only on a Work they were given. A synchronous op that did n
 once (queued in a coalesced block) or that failed keeps its Work, so its wait() still waits or
 raises.
 
-Results are integers, checked exactly against sums computed here.
+An async collective's wait() releases the GIL while the op is pending, so other Python threads and
+the op's Python callbacks (run on pycomm's worker) go on meanwhile; waiting again, reading the
+future, dropping the Work as the last owner of its tensor and a failed op's error twice all behave
+as c10d's Work does. Results are integers, checked exactly against sums computed here.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 from typing import Any
+
+import threading
+import time
 
 import pytest
 import torch
@@ -103,3 +109,87 @@ def test_sync_ops_return_no_work_once_done(pycomm: ModuleType, world: int) -> No
             assert res["failed_work"], f"rank {rank}: a failed synchronous op lost its Work"
             assert "mismatch" in res["failed_error"], (rank, res["failed_error"])
 
+
+LATE_S = 1.0  # how long the last rank sleeps before its part of the op
+
+
+def _async_work_worker(rank: int, world: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {}
+    # The op is not done when wait() is called: the last rank joins LATE_S later. Meanwhile another
+    # Python thread counts, and the op's Python callback (run on pycomm's worker when the op
+    # completes) needs the GIL: a wait() that kept it would stop the count and never return.
+    t = torch.arange(N, dtype=torch.int64) * (rank + 1)
+    dist.barrier()  # the ranks start the op within milliseconds of each other but for the late one
+    if rank == world - 1:
+        time.sleep(LATE_S)
+    count = [0]
+    stop = threading.Event()
+
+    def counting() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    counter = threading.Thread(target=counting)
+    work = dist.all_reduce(t, async_op=True)
+    chained = work.get_future().then(lambda f: f.value()[0] * 2)
+    counter.start()
+    time.sleep(0.01)
+    before = count[0]
+    out["done_before_wait"] = work.is_completed()
+    out["waited"] = work.wait()
+    during = count[0] - before
+    stop.set()
+    counter.join()
+    out["count_during_wait"] = during
+    out["late_rank"] = rank == world - 1
+    out["allreduce"] = t
+    out["chained"] = chained.wait()
+
+    # Done already: wait() again, the future, and the Work dropped as the last owner of its tensor.
+    out["rewait"] = work.wait()
+    out["future"] = work.get_future().value()[0]
+    for _ in range(100):
+        w = dist.all_reduce(torch.ones(5, dtype=torch.int64), async_op=True)
+        w.wait()
+        del w
+    last = dist.all_reduce(torch.ones(5, dtype=torch.int64), async_op=True)
+    last.wait()
+    out["last"] = last.get_future().value()[0]
+    del last
+
+    # A failed async op (the ranks disagree on its size): wait() raises, done or not.
+    if world > 1:
+        bad = dist.all_reduce(torch.ones(N + (rank % 2), dtype=torch.int64), async_op=True)
+        try:
+            bad.wait()
+            out["failed_error"] = ""
+        except Exception as e:  # noqa: BLE001 - the message is the result
+            out["failed_error"] = str(e)
+        try:
+            bad.wait()
+            out["failed_again"] = ""
+        except Exception as e:  # noqa: BLE001
+            out["failed_again"] = str(e)
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_async_work_wait_releases_gil(pycomm: ModuleType, world: int) -> None:
+    results = run_ranks(_async_work_worker, world, backend="pycomm", timeout_s=60, pg_timeout_s=30)
+    idx = torch.arange(N, dtype=torch.int64)
+    want = idx * sum(r + 1 for r in range(world))
+    for rank, res in enumerate(results):
+        assert res["waited"] and res["rewait"], rank
+        assert torch.equal(res["allreduce"], want), rank
+        assert torch.equal(res["chained"], want * 2), rank
+        assert torch.equal(res["future"], want), rank
+        assert torch.equal(res["last"], torch.full((5,), world, dtype=torch.int64)), rank
+        if world > 1 and not res["late_rank"]:
+            assert not res["done_before_wait"], f"rank {rank}: the op was done before wait(): nothing tested"
+            # About LATE_S of waiting: a thread that counts gets through far more than this.
+            assert res["count_during_wait"] > 1000, f"rank {rank}: wait() held the GIL ({res['count_during_wait']})"
+        if world > 1:
+            assert "mismatch" in res["failed_error"], (rank, res["failed_error"])
+            assert "mismatch" in res["failed_again"], (rank, res["failed_again"])
