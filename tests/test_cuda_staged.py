@@ -269,6 +269,16 @@ def _streams_worker(rank: int, world: int) -> dict[str, Any]:
     gathered = torch.empty(n * world, device=dev)
     work = dist.all_gather_into_tensor(gathered, torch.full((n,), float(rank), device=dev), async_op=True)
     found["gather_future"] = [float(x.sum().item()) for x in future_tensors(work)]
+    # 6. A synchronous op issued from a future callback runs there and then, on pycomm's worker: it
+    # must still order the caller's stream after its copies back (64 MiB) before returning, as
+    # wait() does; a synchronous op that returned no Work would skip that.
+    def nested(_: torch.futures.Future[Any]) -> tuple[float, float]:
+        w = torch.full((16 * n,), float(rank), device=dev)
+        dist.all_reduce(w)
+        doubled_w = w * 2  # queued on the current stream: must see the reduced values
+        return float(doubled_w.min().item()), float(doubled_w.max().item())
+
+    found["nested_sync"] = dist.all_reduce(torch.ones(1), async_op=True).get_future().then(nested).wait()
     return found
 
 
@@ -286,6 +296,7 @@ def test_stream_semantics() -> None:
         assert found["future"] == ("cuda", True, float(world * n)), (rank, found)
         assert found["then"] == 3.0 * world, (rank, found)
         assert found["gather_future"] == [float(n * ranks_sum)], (rank, found)
+        assert found["nested_sync"] == (2 * ranks_sum, 2 * ranks_sum), (rank, found)
 
 
 DDP_STEPS = 3

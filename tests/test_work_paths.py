@@ -4,7 +4,7 @@ Synchronous collectives (async_op=False) that completed on the caller's thread r
 c10d's contract for synchronous ops (ProcessGroupNCCL keeps to it too), since torch's Python
 wrappers call wait() only on a Work they were given. A synchronous op that did not complete at
 once (queued in a coalesced block) or that failed keeps its Work, so its wait() still waits or
-raises.
+raises, and so does every op while torch's graph-input mode registers Works for wait_tensor.
 
 An async collective's wait() releases the GIL while the op is pending, so other Python threads and
 the op's Python callbacks (run on pycomm's worker) go on meanwhile; waiting again, reading the
@@ -51,10 +51,17 @@ def _sync_work_worker(rank: int, world: int) -> dict[str, Any]:
     barrier_opts.asyncOp = False
     out["barrier_work"] = type(pg.barrier(barrier_opts)).__name__
 
-    # Through torch's own wrapper, which skips wait() on no Work.
+    # torch's graph-input mode registers every Work for wait_tensor, which waits on it: a Work each.
     d = torch.full((5,), rank + 2, dtype=torch.int64)
-    out["dist_return"] = type(dist.all_reduce(d)).__name__
-    out["dist"] = d
+    torch._C._distributed_c10d._set_allow_inflight_collective_as_graph_input(True)
+    try:
+        out["registered_work"] = type(pg.allreduce([d], opts)).__name__
+        torch.ops._c10d_functional.wait_tensor(d)
+        dist.all_reduce(d)
+        torch.ops._c10d_functional.wait_tensor(d)
+    finally:
+        torch._C._distributed_c10d._set_allow_inflight_collective_as_graph_input(False)
+    out["registered"] = d
 
     # async_op=True keeps its Work, and the future yields the tensor.
     a = torch.arange(N, dtype=torch.int64) + rank
@@ -62,7 +69,8 @@ def _sync_work_worker(rank: int, world: int) -> dict[str, Any]:
     out["async_work"] = work is not None
     out["async_future"] = work.get_future().wait()[0]
 
-    # A synchronous op inside a coalesced block is queued until the block ends: its Work stays.
+    # A synchronous op inside a coalesced block goes to the worker (the block's Work covers it): it
+    # keeps its Work, whether or not the worker finished it by then.
     cpu = torch.device("cpu")
     c = torch.full((3,), rank + 1, dtype=torch.int64)
     pg._start_coalescing(cpu)
@@ -99,8 +107,9 @@ def test_sync_ops_return_no_work_once_done(pycomm: ModuleType, world: int) -> No
         assert res["broadcast_work"] == "NoneType", (rank, res["broadcast_work"])
         assert torch.equal(res["broadcast"], torch.full((7,), world - 1, dtype=torch.int64)), rank
         assert res["barrier_work"] == "NoneType", (rank, res["barrier_work"])
-        assert res["dist_return"] == "NoneType", (rank, res["dist_return"])
-        assert torch.equal(res["dist"], torch.full((5,), sum(r + 2 for r in range(world)), dtype=torch.int64))
+        assert res["registered_work"] == "Work", (rank, res["registered_work"])
+        want_registered = torch.full((5,), sum(r + 2 for r in range(world)) * world, dtype=torch.int64)
+        assert torch.equal(res["registered"], want_registered), rank
         assert res["async_work"], rank
         assert torch.equal(res["async_future"], want_async), rank
         assert res["coalesced_work"], f"rank {rank}: a queued synchronous op lost its Work"

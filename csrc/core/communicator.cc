@@ -119,7 +119,7 @@ void Communicator::rejectCollective(const std::string& message) {
 
 void Communicator::enqueue(std::function<void()> task) { tasks_->enqueue(std::move(task)); }
 
-void Communicator::runOrEnqueue(std::function<void()> task) { tasks_->runOrEnqueue(std::move(task)); }
+bool Communicator::runOrEnqueue(std::function<void()> task) { return tasks_->runOrEnqueue(std::move(task)); }
 
 void Communicator::shutdown() {
   {

@@ -75,7 +75,8 @@ class Communicator {
   void enqueue(std::function<void()> task);
   // For a caller that will wait anyway: runs `task` on the calling thread when nothing is queued
   // or running (so issue order holds), which saves two thread hand-offs; otherwise enqueues it.
-  void runOrEnqueue(std::function<void()> task);
+  // Returns whether it ran here (then it is over).
+  bool runOrEnqueue(std::function<void()> task);
   // Stops the worker after the queued tasks, then closes the transport. Idempotent.
   void shutdown();
   // Fails everything pending and in flight at once. Idempotent.

@@ -41,8 +41,10 @@ void Communicator::runCollective(OpSignature signature, const char* algorithm, B
   if (transportName == nullptr) transportName = transport_->name();
   // Appended, not streamed: the streams (three per op, with the stats key and the prefix) cost
   // about a microsecond, a tenth of a 4 KiB all-reduce over shared memory.
-  std::string context = prefix_;
-  context.append(" ").append(transport::opKindName(signature.kind)).append("/").append(algorithm);
+  // One allocation: the room for the longest names reserved before anything is appended.
+  std::string context;
+  context.reserve(prefix_.size() + 80);
+  context.append(prefix_).append(" ").append(transport::opKindName(signature.kind)).append("/").append(algorithm);
   context.append(" ").append(transportName).append(" seq=").append(std::to_string(seq));
   Op op(*transport_, ledger_, seq, signature, std::move(context), start + timeout(), timeout());
   try {

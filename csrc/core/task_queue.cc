@@ -96,8 +96,8 @@ void TaskQueue::post(std::function<void()> task) {
   runTask(task, "a late");
 }
 
-void TaskQueue::runOrEnqueue(std::function<void()> task) {
-  if (runIfNested(task)) return;
+bool TaskQueue::runOrEnqueue(std::function<void()> task) {
+  if (runIfNested(task)) return true;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     PYCOMM_CHECK(!stopping_, InvalidUsageError, prefix_, " the process group was shut down");
@@ -105,7 +105,7 @@ void TaskQueue::runOrEnqueue(std::function<void()> task) {
       queue_.push_back(std::move(task));
       lock.unlock();
       queueCv_.notify_one();
-      return;
+      return false;
     }
     running_ = true;
   }
@@ -120,6 +120,7 @@ void TaskQueue::runOrEnqueue(std::function<void()> task) {
   // context switch per op, a large share of a small op when ranks outnumber cores.
   if (queued) queueCv_.notify_one();
   idleCv_.notify_all();
+  return true;
 }
 
 void TaskQueue::loop() {

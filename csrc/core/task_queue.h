@@ -33,7 +33,8 @@ class TaskQueue : public std::enable_shared_from_this<TaskQueue> {
   void enqueue(std::function<void()> task);
   // For a caller that will wait anyway: runs `task` on the calling thread when nothing is queued or
   // running (so issue order holds), which saves two thread hand-offs; otherwise enqueues it.
-  void runOrEnqueue(std::function<void()> task);
+  // Returns whether it ran here (then it is over).
+  bool runOrEnqueue(std::function<void()> task);
   // Like enqueue, but never refused: once the thread is gone the task runs on the calling thread
   // (completions after a shutdown must still wake their waiters).
   void post(std::function<void()> task);

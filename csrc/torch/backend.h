@@ -146,9 +146,10 @@ class PycommBackend final : public ::c10d::Backend {
   // peers fail their op at once instead of waiting for this rank, and sequence numbers stay in step.
   void rejectOnPeers(const std::exception& error);
   // Queues `task` on the worker; the Work completes with its outcome. A synchronous op
-  // (op.inlineOk()) with no staging may run on the caller's thread.
+  // (op.inlineOk()) with no staging, outside a coalesced block, may run on the caller's thread:
+  // *ranHere then says it did (it is over).
   c10::intrusive_ptr<PycommWork> submit(const CollectiveOp& op, std::function<void()> task,
-                                        std::shared_ptr<DeviceStaging> staging);
+                                        std::shared_ptr<DeviceStaging> staging, bool* ranHere = nullptr);
   // Device tensors: a staging on the group's communication stream for `device`.
   std::shared_ptr<DeviceStaging> beginStaging(c10::Device device);
   // The group's NCCL communicator for collectives on `device`, or null when they are staged

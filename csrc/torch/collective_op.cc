@@ -23,23 +23,23 @@ void OpTensors::add(std::vector<std::vector<at::Tensor>>& lists, bool read, bool
   for (auto& list : lists) add(list, read, write);
 }
 
-std::vector<at::Tensor> OpTensors::all() const {
-  std::vector<at::Tensor> all;
+OpTensors::List OpTensors::all() const {
+  List all;
   all.reserve(slots_.size());
   for (const auto& slot : slots_) all.push_back(*slot.tensor);
   return all;
 }
 
-std::vector<at::Tensor> OpTensors::profiled() const {
-  std::vector<at::Tensor> read;
+OpTensors::List OpTensors::profiled() const {
+  List read;
   for (const auto& slot : slots_) {
     if (slot.read) read.push_back(*slot.tensor);
   }
   return read.empty() ? all() : read;
 }
 
-std::vector<at::Tensor> OpTensors::written() const {
-  std::vector<at::Tensor> written;
+OpTensors::List OpTensors::written() const {
+  List written;
   for (const auto& slot : slots_) {
     if (slot.write) written.push_back(*slot.tensor);
   }

@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -37,12 +38,15 @@ class OpTensors {
   void add(at::Tensor& t, bool read, bool write) { slots_.push_back({&t, read, write}); }
   void add(std::vector<at::Tensor>& list, bool read, bool write);
   void add(std::vector<std::vector<at::Tensor>>& lists, bool read, bool write);
-  std::vector<at::Tensor> all() const;
+  // Lists built per op (the route's device check, the flight recorder's sizes): no heap allocation
+  // for an op of a few tensors.
+  using List = c10::SmallVector<at::Tensor, 4>;
+  List all() const;
   // The inputs the profiler records (torch's record_shapes): the tensors the op reads, or, for an op
   // that reads none (a receiving rank), the ones it writes.
-  std::vector<at::Tensor> profiled() const;
+  List profiled() const;
   // The tensors the op writes (the flight recorder's output sizes).
-  std::vector<at::Tensor> written() const;
+  List written() const;
   void stage(DeviceStaging& staging);
   void recordUse(DeviceStaging& staging) const;
 

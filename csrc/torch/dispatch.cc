@@ -1,6 +1,7 @@
 // The one path every collective takes (collective_op.h), and the Work it submits.
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "backend.h"
 #include "core/error.h"
@@ -67,12 +68,15 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::dispatch(std::shared_ptr<Collect
     }
     if (!task) task = [op, comm = comm_] { op->run(*comm); };
     queued = true;
-    auto work = submit(*op, std::move(task), std::move(staging));
-    // A synchronous op that ran here and succeeded is done: c10d's Python wrappers skip wait() when
-    // given no Work (torch's contract for async_op=False), and so save the Work's Python object, the
-    // GIL released and retaken in wait(), and again when its outputs are dropped without the GIL.
-    // A failed op keeps its Work: wait() raises its error.
-    if (op->inlineOk() && work->succeeded()) return {};
+    bool ranHere = false;
+    auto work = submit(*op, std::move(task), std::move(staging), &ranHere);
+    // A synchronous CPU op that ran on this thread and succeeded is over: c10d's Python wrappers skip
+    // wait() when given no Work (torch's contract for async_op=False), and so save the Work's Python
+    // object, the GIL released and retaken in wait(), and again when its outputs are dropped without
+    // the GIL. Kept: a failed op's Work (wait() raises), a staged op's (wait() orders the caller's
+    // stream after the copies back), any op's that ran on the worker, and every Work while torch
+    // registers them for wait_tensor (its graph-input mode calls wait() on what it registered).
+    if (ranHere && work->succeeded() && !::c10d::allow_inflight_collective_as_graph_input()) return {};
     return work;
   } catch (const std::exception& error) {
     if (!queued && !deviceRoute) rejectOnPeers(error);
@@ -92,12 +96,15 @@ void PycommBackend::rejectOnPeers(const std::exception& error) {
 }
 
 c10::intrusive_ptr<PycommWork> PycommBackend::submit(const CollectiveOp& op, std::function<void()> body,
-                                                     std::shared_ptr<DeviceStaging> staging) {
+                                                     std::shared_ptr<DeviceStaging> staging, bool* ranHere) {
   std::vector<std::shared_ptr<DeviceStaging>> stagings;
   if (staging) stagings.push_back(staging);
   auto work = c10::make_intrusive<PycommWork>(rank_, op.type(), op.title(), op.outputs(), op.outputType(),
                                               std::move(stagings),
-                                              profiledInputs([&op] { return op.tensors().profiled(); }));
+                                              profiledInputs([&op] {
+                                                const auto read = op.tensors().profiled();
+                                                return std::vector<at::Tensor>(read.begin(), read.end());
+                                              }));
   // The lock only inside a block: taken per op, it is a share of a small op's cost.
   bool coalescing = false;
   if (coalescing_.load()) {
@@ -139,7 +146,8 @@ c10::intrusive_ptr<PycommWork> PycommBackend::submit(const CollectiveOp& op, std
   };
   // A device op waits for the caller's stream: on the worker, so the caller's thread does not.
   if (op.inlineOk() && !coalescing && !staging) {
-    comm_->runOrEnqueue(std::move(task));
+    const bool here = comm_->runOrEnqueue(std::move(task));
+    if (ranHere != nullptr) *ranHere = here;
   } else {
     comm_->enqueue(std::move(task));
   }

@@ -56,7 +56,7 @@ int64_t nowNs() {
 }
 
 template <typename Dims, typename Sizes, typename Dtypes>
-void describe(const std::vector<at::Tensor>& tensors, Dims& dims, Sizes& sizes, Dtypes& dtypes) {
+void describe(c10::ArrayRef<at::Tensor> tensors, Dims& dims, Sizes& sizes, Dtypes& dtypes) {
   for (const auto& t : tensors) {
     const auto s = t.sizes();
     dims.push_back(static_cast<int64_t>(s.size()));
@@ -119,8 +119,8 @@ FlightRecorder::FlightRecorder() : capacity_(capacityFromEnvironment()) {}
 
 std::optional<uint64_t> FlightRecorder::record(const std::shared_ptr<const Group>& group, uint64_t collectiveSeq,
                                                uint64_t p2pSeq, const char* title, std::string p2pName, bool isP2P,
-                                               const std::vector<at::Tensor>& inputs,
-                                               const std::vector<at::Tensor>& outputs, int64_t timeoutMs) {
+                                               c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
+                                               int64_t timeoutMs) {
   if (!enabled()) return std::nullopt;
   const int64_t created = nowNs();
   std::lock_guard<std::mutex> lock(mutex_);

@@ -50,8 +50,7 @@ class FlightRecorder {
   // a send or receive's "send 0->1" / "recv 1<-0" (group ranks), empty for a collective.
   std::optional<uint64_t> record(const std::shared_ptr<const Group>& group, uint64_t collectiveSeq, uint64_t p2pSeq,
                                  const char* title, std::string p2pName, bool isP2P,
-                                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                                 int64_t timeoutMs);
+                                 c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs, int64_t timeoutMs);
   void started(const std::optional<uint64_t>& id);
   void completed(const std::optional<uint64_t>& id);
   void addGroup(const std::shared_ptr<const Group>& group);

@@ -33,7 +33,7 @@ std::optional<codecs::Codec> compressionFor(const Config& config, at::ScalarType
 
 std::string Validator::where() const { return strCat("pycomm [rank ", rank_, "/", size_, "] ", op_, ": "); }
 
-std::optional<c10::Device> Validator::deviceOf(const std::vector<at::Tensor>& tensors, bool& sawDevice) const {
+std::optional<c10::Device> Validator::deviceOf(c10::ArrayRef<at::Tensor> tensors, bool& sawDevice) const {
   std::optional<c10::Device> device;
   bool anyCpu = false;
   for (const auto& t : tensors) {

@@ -48,7 +48,7 @@ class Validator {
 
   // The device of an op's tensors if they are not on the CPU: then all on one CUDA device.
   // `sawDevice` is set at the first tensor not on the CPU, before it is checked.
-  std::optional<c10::Device> deviceOf(const std::vector<at::Tensor>& tensors, bool& sawDevice) const;
+  std::optional<c10::Device> deviceOf(c10::ArrayRef<at::Tensor> tensors, bool& sawDevice) const;
   // Defined and strided (deviceOf checked the device).
   void tensor(const at::Tensor& t) const;
   // The one tensor of a list, checked.
