@@ -4,14 +4,14 @@ Wall times of a small all-reduce here swing by up to 2x between launches and wit
 host's modes, docs/PERFORMANCE.md); instruction counts do not (two runs agree within 0.1%). Each
 layer runs at world 1 in one process under valgrind --tool=callgrind with instrumentation off;
 after a warm-up it is switched on (callgrind_control) for `--ops` calls of dist.all_reduce on a
-float32 tensor of `--bytes`, then off. Layers: torch's `fake` backend (its floor: Python wrapper,
+float32 tensor of `--bytes`, then off (the program waits for each switch before it goes on). Layers: torch's `fake` backend (its floor: Python wrapper,
 dispatcher, c10d op, a Work), this checkout's pycomm, and `--base` checkouts' pycomm.
 
-    python3 benchmarks/op_instructions.py [--ops 500] [--bytes 4096] [--base CHECKOUT ...]
-        [--top 0] [--out FILE]
+    python3 benchmarks/op_instructions.py [--install] [--ops 500] [--bytes 4096]
+        [--base CHECKOUT ...] [--top 0] [--out FILE]
 
 `--top N` also lists the N functions of each pycomm layer with the most instructions per op
-(inclusive). Needs valgrind (apt-get install valgrind).
+(inclusive). Needs valgrind: `--install` installs it (apt-get).
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 PROGRAM = r"""
-import sys, time, torch, torch.distributed as dist
-layer, nbytes, ops, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+import os, sys, time, torch, torch.distributed as dist
+layer, nbytes, ops, port, flags = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+def await_flag(name):  # the controller's switch of counting has taken effect
+    while not os.path.exists(os.path.join(flags, name)):
+        time.sleep(0.2)  # few polls: those after "on" and before "off" are counted
 if layer == "fake":
     from torch.testing._internal.distributed.fake_pg import FakeStore
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
@@ -42,11 +45,11 @@ t = torch.zeros(nbytes // 4)
 for _ in range(300):
     dist.all_reduce(t)
 print("READY", flush=True)
-time.sleep(8)  # the controller switches counting on meanwhile
+await_flag("on")
 for _ in range(ops):
     dist.all_reduce(t)
 print("DONE", flush=True)
-time.sleep(8)
+await_flag("off")
 """
 
 
@@ -56,35 +59,44 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(path: Path, word: str, proc: subprocess.Popen[bytes], limit_s: float) -> None:
+def wait_for(path: Path, word: str, proc: subprocess.Popen[bytes], errors: Path, limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
     while word not in path.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"no {word} from the program: {path.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.5)
+            raise RuntimeError(f"no {word} from the program; its stderr ends: "
+                               f"{errors.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.2)
+
+
+def switch(proc: subprocess.Popen[bytes], on: bool, flags: Path) -> None:
+    """Counting on or off, then the flag the program waits for: it goes on only once the switch took."""
+    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(proc.pid)], check=True,
+                   capture_output=True, timeout=120)
+    (flags / ("on" if on else "off")).touch()
 
 
 def count(layer: str, checkout: Path | None, args: argparse.Namespace, workdir: Path) -> Path:
     """Runs one layer under callgrind; returns its output file."""
     out = workdir / f"{layer}-{len(list(workdir.iterdir()))}.callgrind"
-    stdout = out.with_suffix(".stdout")
+    stdout, stderr, flags = out.with_suffix(".stdout"), out.with_suffix(".stderr"), out.with_suffix(".flags")
+    flags.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if checkout is not None:
         env["PYTHONPATH"] = str(checkout)
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-               sys.executable, "-c", PROGRAM, layer, str(args.bytes), str(args.ops), str(free_port())]
-    with open(stdout, "wb") as sink:
-        proc = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.DEVNULL,
-                                cwd=checkout or ROOT)
+               sys.executable, "-c", PROGRAM, layer, str(args.bytes), str(args.ops), str(free_port()), str(flags)]
+    with open(stdout, "wb") as sink, open(stderr, "wb") as errors:
+        proc = subprocess.Popen(command, env=env, stdout=sink, stderr=errors, cwd=checkout or ROOT)
         try:
-            wait_for(stdout, "READY", proc, 600)
-            subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
-            wait_for(stdout, "DONE", proc, 600)
-            subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+            wait_for(stdout, "READY", proc, stderr, 600)
+            switch(proc, True, flags)
+            wait_for(stdout, "DONE", proc, stderr, 600)
+            switch(proc, False, flags)
             proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
+                proc.wait()
     return out
 
 
@@ -93,6 +105,13 @@ def total(out: Path) -> int:
         if line.startswith("totals:"):
             return int(line.split()[1])
     raise RuntimeError(f"{out}: no totals line")
+
+
+def per_op(out: Path, ops: int) -> float:
+    counted = total(out)
+    if counted == 0:
+        raise RuntimeError(f"{out}: nothing counted (callgrind's instrumentation never came on)")
+    return counted / ops
 
 
 def top_functions(out: Path, n: int, ops: int) -> list[str]:
@@ -110,6 +129,16 @@ def top_functions(out: Path, n: int, ops: int) -> list[str]:
     return [f"{cost // ops:7d}  {name[:150]}" for name, cost in ranked]
 
 
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit, which names it in the report (its path would name this machine)."""
+    found = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True)
+    dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    name = found.stdout.strip() if found.returncode == 0 else "not a git checkout"
+    return f"{name} with changes" if dirty else name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=500)
@@ -118,19 +147,22 @@ def main() -> None:
                         help="another checkout (built in place): its pycomm too")
     parser.add_argument("--top", type=int, default=0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--install", action="store_true", help="install valgrind (apt-get) if missing")
     args = parser.parse_args()
+    if shutil.which("callgrind_control") is None and args.install:
+        subprocess.run(["apt-get", "install", "-y", "valgrind"], check=True)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        sys.exit("op_instructions: needs valgrind (apt-get install valgrind)")
+        sys.exit("op_instructions: needs valgrind (apt-get install valgrind, or --install)")
     layers: list[tuple[str, str, Path | None]] = [("torch floor (fake backend)", "fake", None),
-                                                  ("pycomm (this checkout)", "pycomm", ROOT)]
-    layers += [(f"pycomm ({base})", "pycomm", base.resolve()) for base in args.base]
+                                                  (f"pycomm (this checkout, {commit_of(ROOT)})", "pycomm", ROOT)]
+    layers += [(f"pycomm ({commit_of(base)})", "pycomm", base.resolve()) for base in args.base]
     lines = [f"Instructions per dist.all_reduce ({args.bytes} B float32, world 1, {args.ops} calls counted "
              "by callgrind after 300 warm-up calls)", "", "| layer | instructions per op |", "| --- | --- |"]
     tops: list[str] = []
     with tempfile.TemporaryDirectory(prefix="op-instructions-") as tmp:
         for name, layer, checkout in layers:
             out = count(layer, checkout, args, Path(tmp))
-            lines.append(f"| {name} | {total(out) / args.ops:,.0f} |")
+            lines.append(f"| {name} | {per_op(out, args.ops):,.0f} |")
             if args.top and layer == "pycomm":
                 tops += ["", f"{name}: functions with the most instructions per op (inclusive)"]
                 tops += top_functions(out, args.top, args.ops)

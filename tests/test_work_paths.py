@@ -55,7 +55,7 @@ def _sync_work_worker(rank: int, world: int) -> dict[str, Any]:
     d = torch.full((5,), rank + 2, dtype=torch.int64)
     torch._C._distributed_c10d._set_allow_inflight_collective_as_graph_input(True)
     try:
-        out["registered_work"] = type(pg.allreduce([d], opts)).__name__
+        out["registered_work"] = pg.allreduce([d], opts) is not None
         torch.ops._c10d_functional.wait_tensor(d)
         dist.all_reduce(d)
         torch.ops._c10d_functional.wait_tensor(d)
@@ -107,7 +107,7 @@ def test_sync_ops_return_no_work_once_done(pycomm: ModuleType, world: int) -> No
         assert res["broadcast_work"] == "NoneType", (rank, res["broadcast_work"])
         assert torch.equal(res["broadcast"], torch.full((7,), world - 1, dtype=torch.int64)), rank
         assert res["barrier_work"] == "NoneType", (rank, res["barrier_work"])
-        assert res["registered_work"] == "Work", (rank, res["registered_work"])
+        assert res["registered_work"], f"rank {rank}: no Work under torch's graph-input mode"
         want_registered = torch.full((5,), sum(r + 2 for r in range(world)) * world, dtype=torch.int64)
         assert torch.equal(res["registered"], want_registered), rank
         assert res["async_work"], rank

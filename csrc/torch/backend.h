@@ -139,8 +139,9 @@ class PycommBackend final : public ::c10d::Backend {
  private:
   // The one path of every collective (collective_op.h says which steps it takes). A check that
   // fails before the op was queued, on an op for the CPU transports, is told to the peers
-  // (rejectOnPeers) before the error is rethrown. Returns no Work for a synchronous op that ran on
-  // this thread and succeeded (c10d's contract for async_op=False, which ProcessGroupNCCL uses too).
+  // (rejectOnPeers) before the error is rethrown. Returns no Work for a synchronous CPU op that ran
+  // on this thread and succeeded, outside torch's graph-input mode (c10d's contract for
+  // async_op=False, which ProcessGroupNCCL uses too).
   c10::intrusive_ptr<::c10d::Work> dispatch(std::shared_ptr<CollectiveOp> op);
   // This rank's next collective is rejected with `error` (Communicator::rejectCollective), so the
   // peers fail their op at once instead of waiting for this rank, and sequence numbers stay in step.

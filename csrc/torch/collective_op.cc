@@ -35,7 +35,8 @@ OpTensors::List OpTensors::profiled() const {
   for (const auto& slot : slots_) {
     if (slot.read) read.push_back(*slot.tensor);
   }
-  return read.empty() ? all() : read;
+  if (read.empty()) return all();
+  return read;
 }
 
 OpTensors::List OpTensors::written() const {

@@ -74,7 +74,7 @@ c10::intrusive_ptr<::c10d::Work> PycommBackend::dispatch(std::shared_ptr<Collect
     // wait() when given no Work (torch's contract for async_op=False), and so save the Work's Python
     // object, the GIL released and retaken in wait(), and again when its outputs are dropped without
     // the GIL. Kept: a failed op's Work (wait() raises), a staged op's (wait() orders the caller's
-    // stream after the copies back), any op's that ran on the worker, and every Work while torch
+    // stream after the copies back), any op's queued for the worker, and every Work while torch
     // registers them for wait_tensor (its graph-input mode calls wait() on what it registered).
     if (ranHere && work->succeeded() && !::c10d::allow_inflight_collective_as_graph_input()) return {};
     return work;
