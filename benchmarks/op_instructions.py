@@ -133,8 +133,9 @@ def commit_of(checkout: Path) -> str:
     """The checkout's commit, which names it in the report (its path would name this machine)."""
     found = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
                            text=True)
-    dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+    # Changes to what the build and the measured program use, not to docs or results.
+    dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no", "--",
+                            "csrc", "pycomm", "setup.py", "CMakeLists.txt"], capture_output=True, text=True).stdout.strip()
     name = found.stdout.strip() if found.returncode == 0 else "not a git checkout"
     return f"{name} with changes" if dirty else name
 
