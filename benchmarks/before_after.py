@@ -48,6 +48,9 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(CONFIGS), help="comma list of configurations")
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON files and the table")
     args = parser.parse_args()
+    unknown = sorted(set(args.only.split(",")) - set(CONFIGS))
+    if unknown:
+        parser.error(f"unknown configurations {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     times: dict[tuple[str, str, str, int], list[float]] = {}
