@@ -171,16 +171,15 @@ void Communicator::record(const std::string& key, uint64_t sent, uint64_t receiv
 void Communicator::record(const transport::OpSignature& signature, uint64_t sent, uint64_t received,
                           double seconds) {
   const auto kind = static_cast<size_t>(signature.kind);
-  const size_t codec = signature.codec < kStatsCodecs ? signature.codec : 0;  // as statsKey names it
   const OpStats s{1, sent, received, seconds};
   std::lock_guard<std::mutex> lock(statsMutex_);
-  add(kind < kStatsKinds ? collectiveStats_[kind][codec] : stats_[statsKey(signature)], s);
+  add(kind < kStatsKinds ? collectiveStats_[kind][statsCodec(signature)] : stats_[statsKey(signature)], s);
 }
 
 std::string Communicator::statsKey(const transport::OpSignature& signature) {
   static const char* const kCodecs[] = {"", "/fp16", "/bf16", "/fp8_e4m3", "/fp8_e5m2"};
-  const size_t codec = signature.codec < kStatsCodecs ? signature.codec : 0;
-  return std::string(transport::opKindName(signature.kind)).append(kCodecs[codec]);
+  static_assert(std::size(kCodecs) == kStatsCodecs, "a name for each codec the stats count");
+  return std::string(transport::opKindName(signature.kind)).append(kCodecs[statsCodec(signature)]);
 }
 
 std::map<std::string, Communicator::OpStats> Communicator::stats() const {

@@ -246,6 +246,10 @@ class Communicator {
   void record(const transport::OpSignature& signature, uint64_t sent, uint64_t received, double seconds);
   // "allreduce", "allreduce/fp8_e4m3", ...: the op's kind and codec.
   static std::string statsKey(const transport::OpSignature& signature);
+  // The op's codec as the stats count it: one they do not know counts as none.
+  static size_t statsCodec(const transport::OpSignature& signature) {
+    return signature.codec < kStatsCodecs ? signature.codec : 0;
+  }
 
   mutable std::mutex stateMutex_;
   bool shutDown_ = false;
