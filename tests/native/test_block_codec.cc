@@ -3,8 +3,8 @@
 // The fp8 conversions are checked against an independent reference (nearest value by exact
 // arithmetic over a table built with ldexp); the block codecs against a scalar restatement of the
 // format documented in block_codec.h, plus round-trip error bounds, special values and every block
-// boundary. Encode/decode throughput for 64 MiB of fp32 is printed for every kernel table this CPU runs,
-// not asserted.
+// boundary. Encode/decode throughput for 64 MiB of fp32 is printed for every kernel table this CPU
+// runs, not asserted.
 #include <algorithm>
 #include <chrono>
 #include <cfloat>
