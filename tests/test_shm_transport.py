@@ -137,6 +137,42 @@ def test_in_place_reduce_scatter(world: int) -> None:
     assert_no_failures(run_ranks(_in_place_reduce_scatter, world, backend="pycomm", timeout_s=TIMEOUT_S))
 
 
+def _overlapping_buffers(rank: int, world: int) -> tuple[list[str], int]:
+    """all_gather_into_tensor and reduce_scatter_tensor whose input and output are views of one buffer
+    at an offset that is not this rank's block (gloo gets these right): the op reads the input as
+    it was at the call, whatever it writes into the output meanwhile."""
+    f = Failures(rank)
+    # One step, several steps of a 1-MiB slot, and a block larger than a slot at world 3.
+    for k, n in enumerate((1, 4099, 300_007, 1_000_003)):
+        for dtype in (torch.float32, torch.int64):
+            # The same number of offsets on every rank (each is an op); around this rank's block too.
+            for off in (1, 3, rank * n + 1, max(2, rank * n - 1)):
+                label = f"all_gather_into_tensor {n} {dtype} input at element {off}"
+                with f.guard(label):
+                    buf = torch.full((world * n + 8,), -1, dtype=dtype)
+                    buf[off:off + n] = input_for(500 + k, rank, (n,), dtype, None)
+                    dist.all_gather_into_tensor(buf[:world * n], buf[off:off + n])
+                    expected = torch.cat([input_for(500 + k, q, (n,), dtype, None) for q in range(world)])
+                    f.check(label, check_equal(buf[:world * n], expected))
+                label = f"reduce_scatter_tensor {n} {dtype} output at element {off}"
+                with f.guard(label):
+                    buf = input_for(600 + k, rank, (world * n + 8,), dtype, "sum")
+                    out = buf[off:off + n]
+                    dist.reduce_scatter_tensor(out, buf[:world * n])
+                    blocks = [input_for(600 + k, q, (world * n + 8,), dtype, "sum")[:world * n].view(world, n)[rank]
+                              for q in range(world)]
+                    f.check(label, check_reduced(out, blocks, "sum"))
+    return f.result()
+
+
+@pytest.mark.usefixtures("pycomm")
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_overlapping_input_and_output(pycomm: Any, world: int, transport: str) -> None:
+    assert_no_failures(run_ranks(_overlapping_buffers, world, backend="pycomm", timeout_s=TIMEOUT_S,
+                                 pg_options=pycomm.Options(transport=transport)))
+
+
 def _sender_leaves(rank: int, world: int, pid_file: str) -> tuple[list[str], int]:
     """Rank 0 is stopped (SIGSTOP) while rank 1 sends into the ring and destroys its group, then
     continued: its event loop finds the doorbell and the closed socket in one go. The message must

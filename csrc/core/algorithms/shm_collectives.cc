@@ -1,8 +1,10 @@
 #include "shm_collectives.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "../codecs/reduce.h"
 #include "op.h"
@@ -49,6 +51,13 @@ struct PartStretches {
     return {offsets[q] + begin, std::min(length, begin + stretch) - begin};
   }
 };
+
+// Whether [a, a + an) and [b, b + bn) share a byte.
+bool overlap(const void* a, size_t an, const void* b, size_t bn) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a);
+  const auto b0 = reinterpret_cast<uintptr_t>(b);
+  return an > 0 && bn > 0 && a0 < b0 + bn && b0 < a0 + an;
+}
 
 }  // namespace
 
@@ -118,6 +127,13 @@ void shmAllgather(Group& group, const void* in, void* out, size_t nbytes, const 
                   const StepWait& wait) {
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
+  uint8_t* own = dst + group.rank() * nbytes;
+  // An input elsewhere in the output would be overwritten by a peer's block before its last slot
+  // is sent: it moves into this rank's block first, from where the steps send it as they write it.
+  if (src != own && overlap(src, nbytes, dst, group.size() * nbytes)) {
+    std::memmove(own, src, nbytes);
+    src = own;
+  }
   forEachSlot(group, nbytes, sig, wait, [&](uint32_t e, size_t offset, size_t n, bool published) {
     if (n == 0) return;
     if (!published) {
@@ -138,9 +154,15 @@ void shmReduceScatter(Group& group, const void* in, void* out, size_t count, Dat
   const size_t chunks = std::max<size_t>(1, (count + chunkElems - 1) / chunkElems);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  const auto in0 = reinterpret_cast<uintptr_t>(src);
-  const auto out0 = reinterpret_cast<uintptr_t>(dst);
-  const bool ownFromInput = out0 + count * esize <= in0 || in0 + size * count * esize <= out0;
+  // An output that is this rank's block of the input is written only where the step has read it
+  // already. Anywhere else inside the input, a chunk's result would overwrite what a later step
+  // still reads: the steps read a copy of the input taken first.
+  std::vector<uint8_t> snapshot;
+  if (dst != src + rank * count * esize && overlap(dst, count * esize, src, size * count * esize)) {
+    snapshot.assign(src, src + size * count * esize);
+    src = snapshot.data();
+  }
+  const bool ownFromInput = !overlap(dst, count * esize, src, size * count * esize);
   std::vector<const void*> sources(size);
   for (size_t k = 0; k < chunks; ++k) {
     const size_t offset = k * chunkElems;
