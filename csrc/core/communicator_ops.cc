@@ -281,7 +281,8 @@ void Communicator::reduceScatterCompressed(const float* in, float* out, size_t c
     return;
   }
   runCollective(signature, "compressed", [&](Op& o) {
-    algorithms::compressedReduceScatter(o, in, out, count, codec, average, scratch_);
+    const float factor = 1.0f / static_cast<float>(o.size());
+    algorithms::compressedReduceScatter(o, in, out, count, codec, average, factor, scratch_);
   });
 }
 

@@ -15,7 +15,6 @@ class Logger {
   bool enabled(LogLevel level) const { return static_cast<int>(level) <= static_cast<int>(level_); }
   void log(LogLevel level, const std::string& message) const;
   void warn(const std::string& message) const { log(LogLevel::kWarn, message); }
-  const std::string& prefix() const { return prefix_; }
 
  private:
   LogLevel level_ = LogLevel::kWarn;

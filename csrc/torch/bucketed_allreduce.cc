@@ -1,7 +1,6 @@
 #include "bucketed_allreduce.h"
 
 #include <algorithm>
-#include <functional>
 
 #include "collective_op.h"
 #include "tensor_checks.h"

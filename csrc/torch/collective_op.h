@@ -20,7 +20,6 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <memory>
 #include <vector>
 
 #include "core/algorithms/queued_link.h"
@@ -99,6 +98,14 @@ class CollectiveOp {
   // What the op's future yields: the caller's tensors (device ones, for a staged op).
   void setOutputs(std::vector<at::Tensor> outputs);
   void setOutputs(std::vector<std::vector<at::Tensor>> outputs);
+  void setOutputs(const at::Tensor& output) { setOutputs(std::vector<at::Tensor>{output}); }
+  // The op reads `in` (the descriptor's copies) and writes `out`, which its future yields.
+  template <typename In, typename Out>
+  void readsInto(In& in, Out& out) {
+    tensors_.add(in, true, false);
+    tensors_.add(out, false, true);
+    setOutputs(out);
+  }
 
   OpTensors tensors_;
 

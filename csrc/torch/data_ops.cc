@@ -43,9 +43,7 @@ struct BroadcastOp final : CollectiveOp {
 struct AllgatherOp final : CollectiveOp {
   AllgatherOp(const std::vector<std::vector<at::Tensor>>& outputs, const std::vector<at::Tensor>& inputs)
       : CollectiveOp(OpType::ALLGATHER, "allgather", "pycomm:all_gather"), outputs(outputs), inputs(inputs) {
-    tensors_.add(this->inputs, true, false);
-    tensors_.add(this->outputs, false, true);
-    setOutputs(outputs);
+    readsInto(this->inputs, this->outputs);
   }
   void prepare(const Validator& v, const Config&) override {
     const at::Tensor& in = v.single(inputs);
@@ -70,9 +68,7 @@ struct AllgatherTensorOp final : CollectiveOp {
   AllgatherTensorOp(const at::Tensor& output, const at::Tensor& input)
       : CollectiveOp(OpType::_ALLGATHER_BASE, "allgather_into_tensor", "pycomm:all_gather_into_tensor", false, true),
         output(output), input(input) {
-    tensors_.add(this->input, true, false);
-    tensors_.add(this->output, false, true);
-    setOutputs({output});
+    readsInto(this->input, this->output);
   }
   void prepare(const Validator& v, const Config& config) override {
     v.tensor(input);
@@ -105,9 +101,7 @@ struct AllgatherCoalescedOp final : CollectiveOp {
   AllgatherCoalescedOp(const std::vector<std::vector<at::Tensor>>& outputs, const std::vector<at::Tensor>& inputs)
       : CollectiveOp(OpType::ALLGATHER_COALESCED, "allgather_coalesced", "pycomm:all_gather_coalesced"),
         outputs(outputs), inputs(inputs) {
-    tensors_.add(this->inputs, true, false);
-    tensors_.add(this->outputs, false, true);
-    setOutputs(outputs);
+    readsInto(this->inputs, this->outputs);
   }
   void prepare(const Validator& v, const Config&) override {
     TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(v.size()), v.where(), "expects ", v.size(),
@@ -141,9 +135,7 @@ struct AllgatherTensorCoalescedOp final : CollectiveOp {
   AllgatherTensorCoalescedOp(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs)
       : CollectiveOp(OpType::COALESCED, "allgather_into_tensor_coalesced", "pycomm:all_gather_into_tensor_coalesced"),
         outputs(outputs), inputs(inputs) {
-    tensors_.add(this->inputs, true, false);
-    tensors_.add(this->outputs, false, true);
-    setOutputs(outputs);
+    readsInto(this->inputs, this->outputs);
   }
   void prepare(const Validator& v, const Config&) override { v.holdOnePerRank(outputs, inputs, true); }
   void run(Communicator& comm) override {
@@ -187,9 +179,7 @@ struct GatherOp final : RootedOp {
   GatherOp(const std::vector<std::vector<at::Tensor>>& outputs, const std::vector<at::Tensor>& inputs,
            const ::c10d::GatherOptions& opts, int rank)
       : RootedOp(OpType::GATHER, "gather", "pycomm:gather", opts.rootRank, rank), outputs(outputs), inputs(inputs) {
-    tensors_.add(this->inputs, true, false);
-    tensors_.add(this->outputs, false, true);
-    setOutputs(outputs);
+    readsInto(this->inputs, this->outputs);
   }
   void prepare(const Validator& v, const Config&) override { checkRootList(v, outputs, v.single(inputs), "output", "input"); }
   void run(Communicator& comm) override {
@@ -234,9 +224,7 @@ struct AlltoallTensorOp final : CollectiveOp {
                    const std::vector<int64_t>& inputSplits)
       : CollectiveOp(OpType::ALLTOALL_BASE, "alltoall_base", "pycomm:all_to_all_single", false, true),
         output(output), input(input), outputSplits(outputSplits), inputSplits(inputSplits) {
-    tensors_.add(this->input, true, false);
-    tensors_.add(this->output, false, true);
-    setOutputs({output});
+    readsInto(this->input, this->output);
   }
   void prepare(const Validator& v, const Config&) override {
     v.tensor(input);
@@ -279,9 +267,7 @@ struct AlltoallTensorOp final : CollectiveOp {
 struct AlltoallOp final : CollectiveOp {
   AlltoallOp(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs)
       : CollectiveOp(OpType::ALLTOALL, "alltoall", "pycomm:all_to_all"), outputs(outputs), inputs(inputs) {
-    tensors_.add(this->inputs, true, false);
-    tensors_.add(this->outputs, false, true);
-    setOutputs(outputs);
+    readsInto(this->inputs, this->outputs);
   }
   void prepare(const Validator& v, const Config&) override {
     TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(v.size()) && inputs.size() == outputs.size(), v.where(),

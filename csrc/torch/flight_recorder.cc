@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -86,7 +85,6 @@ c10::List<c10::IValue> dtypesList(const Dtypes& dtypes) {
   for (auto d : dtypes) out.push_back(c10::IValue(std::string(c10::toString(d))));
   return out;
 }
-
 
 c10::IValue optionalNs(const std::optional<int64_t>& ns) { return ns ? c10::IValue(*ns) : c10::IValue(); }
 

@@ -249,7 +249,6 @@ PYBIND11_MODULE(_C, m) {
     }
     return py::bytes(bytes);
   }, "The flight recorder's dump as bytes (pickle.loads reads it).");
-  m.def("flight_recorder_enabled", [] { return pycomm::torch_adapter::FlightRecorder::instance().enabled(); });
   m.def("_flight_recorder_set_recording", [](bool on) { pycomm::torch_adapter::FlightRecorder::instance().setRecording(on); },
         "Pauses or resumes the flight recorder (benchmarks/recording_overhead.py measures it so).");
   m.def("_validate_frame_header", [](const py::bytes& raw) {

@@ -205,9 +205,7 @@ struct ReduceScatterTensorOp final : CollectiveOp {
       : CollectiveOp(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", "pycomm:reduce_scatter_tensor", false,
                      true),
         output(output), input(input), op(opts.reduceOp) {
-    tensors_.add(this->input, true, false);
-    tensors_.add(this->output, false, true);
-    setOutputs({output});
+    readsInto(this->input, this->output);
   }
   void prepare(const Validator& v, const Config& config) override {
     v.tensor(output);
@@ -247,9 +245,7 @@ struct ReduceScatterTensorCoalescedOp final : CollectiveOp {
                                  const ::c10d::ReduceScatterOptions& opts)
       : CollectiveOp(OpType::COALESCED, "reduce_scatter_tensor_coalesced", "pycomm:reduce_scatter_tensor_coalesced"),
         outputs(outputs), inputs(inputs), op(opts.reduceOp) {
-    tensors_.add(this->inputs, true, false);
-    tensors_.add(this->outputs, false, true);
-    setOutputs(outputs);
+    readsInto(this->inputs, this->outputs);
   }
   void prepare(const Validator& v, const Config&) override {
     v.holdOnePerRank(inputs, outputs, false);

@@ -96,18 +96,10 @@ void checkAllreduce(int size, Algorithm algorithm) {
       auto run = [&](void* data, DataType dtype, ReduceOp op) {
         namespace queued = algorithms::queued;
         auto* buf = static_cast<uint8_t*>(data);
-        if (algorithm == Algorithm::kTree) {
-          std::vector<uint8_t> scratch(queued::treeScratchBytes(count, chunkElems, dtype));
-          queued::treeAllreduce(link, buf, scratch.data(), count, dtype, op, chunkElems);
-        } else if (algorithm == Algorithm::kRhd) {
-          // The CPU's choice of mode: both occur among the counts at every world size.
-          const bool halving = algorithms::rhdHalvingFor(count, dtype, size);
-          std::vector<uint8_t> scratch(queued::rhdScratchBytes(count, dtype));
-          queued::rhdAllreduce(link, buf, scratch.data(), count, dtype, op, halving);
-        } else {
-          std::vector<uint8_t> scratch(queued::ringScratchBytes(algorithms::Segments(count, size), dtype));
-          queued::ringAllreduce(link, buf, scratch.data(), count, dtype, op);
-        }
+        // rhd's mode is the CPU's choice (rhdHalvingFor): both occur among the counts at every world size.
+        const algorithms::AllreducePlan plan{algorithm, chunkElems};
+        std::vector<uint8_t> scratch(queued::allreduceScratchBytes(plan, count, size, dtype));
+        queued::allreduce(link, plan, buf, scratch.data(), count, dtype, op);
       };
       // float32 SUM: the CPU algorithm's bits, and close to the float64 sum.
       std::vector<float> mine = randomFloats(r, count, 1), cpu = mine;
@@ -430,8 +422,9 @@ void checkStamps(int size) {
       QueuedStamp mine = stampOf(transport::OpKind::kAllreduce, op, 13, 1), previous;
       queued::exchangeStamps(link, &mine, &previous);
       std::vector<int64_t> data = randomInts(r, 13, 9);
-      std::vector<uint8_t> scratch(queued::ringScratchBytes(algorithms::Segments(13, size), DataType::kInt64));
-      queued::ringAllreduce(link, reinterpret_cast<uint8_t*>(data.data()), scratch.data(), 13, DataType::kInt64, op);
+      const algorithms::AllreducePlan ring{Algorithm::kRing, 1};
+      std::vector<uint8_t> scratch(queued::allreduceScratchBytes(ring, 13, size, DataType::kInt64));
+      queued::allreduce(link, ring, reinterpret_cast<uint8_t*>(data.data()), scratch.data(), 13, DataType::kInt64, op);
       const bool expected = r == 1 || r == 2 % size;
       for (bool ran : {true, false}) {  // the same verdict whether the op ran or failed: the stamp arrived
         const std::string message = verdict(r, mine, previous, ran);

@@ -1,7 +1,6 @@
 #include "compressed.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "compressed_schedule.h"
 #include "op_steps.h"
@@ -60,11 +59,6 @@ void compressedAllreducePieces(Op& op, float* data, const std::vector<Compressed
   scratch.resize(compressedAllreduceScratchFor<OpSteps>(pieces, op.size(), op.rank(), residual != nullptr).bytes());
   OpSteps steps(op);
   compressedAllreduceSchedule(steps, data, pieces, codec, average, factor, scratch.data(), residual, stages);
-}
-
-void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
-                             bool average, std::vector<uint8_t>& scratch) {
-  compressedReduceScatter(op, in, out, count, codec, average, 1.0f / static_cast<float>(op.size()), scratch);
 }
 
 void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,

@@ -61,8 +61,6 @@ void compressedAllreducePieces(Op& op, float* data, const std::vector<Compressed
                                const PieceStages& stages = {});
 // in holds p * count floats; this rank's reduced block lands in out.
 void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
-                             bool average, std::vector<uint8_t>& scratch);
-void compressedReduceScatter(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,
                              bool average, float factor, std::vector<uint8_t>& scratch);
 // out holds p * count floats.
 void compressedAllgather(Op& op, const float* in, float* out, size_t count, codecs::Codec codec,

@@ -4,7 +4,6 @@
 // bytes follow each algorithm's schedule, so constants measured at one world size predict the others.
 #pragma once
 
-#include <array>
 #include <cstddef>
 
 #include "../config.h"

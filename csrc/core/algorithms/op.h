@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "../dtype.h"
 #include "../op_ledger.h"
 #include "../transport/transport.h"
 
@@ -37,7 +36,6 @@ class Op {
   uint64_t seq() const { return seq_; }
   Clock::time_point deadline() const { return deadline_; }
   const OpSignature& signature() const { return signature_; }
-  OpLedger& ledger() const { return ledger_; }
 
   std::shared_ptr<Request> send(int peer, uint32_t slot, const void* data, size_t nbytes);
   std::shared_ptr<Request> recv(int peer, uint32_t slot, void* data, size_t nbytes);

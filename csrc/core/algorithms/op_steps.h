@@ -27,7 +27,6 @@ class OpSteps {
 
   explicit OpSteps(Op& op) : op_(op) {}
 
-  Op& op() { return op_; }
   int rank() const { return op_.rank(); }
   int size() const { return op_.size(); }
 

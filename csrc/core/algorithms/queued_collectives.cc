@@ -30,39 +30,11 @@ void ringAllgather(QueuedLink& link, uint8_t* data, const Segments& segments, si
   ringAllgatherSchedule(steps, data, segments, elementBytes, ringChunkFor<QueuedSteps>(segments, 0));
 }
 
-void ringAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op) {
-  if (link.size() == 1 || count == 0) return;
-  const Segments segments(count, link.size());
-  QueuedSteps steps(link, "ring all-reduce");
-  ringAllreduceSchedule(steps, data, scratch, segments, dtype, op, 0, true);
-}
-
-size_t rhdScratchBytes(size_t count, DataType dtype) { return rhdScratchFor(count, dtype); }
-
-void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
-                  bool halving) {
-  if (link.size() == 1 || count == 0) return;
-  QueuedSteps steps(link, "rhd all-reduce");
-  rhdAllreduceSchedule(steps, data, scratch, count, dtype, op, halving);
-}
-
 void directAlltoall(QueuedLink& link, const uint8_t* in, const std::vector<size_t>& sendOffsets,
                     const std::vector<size_t>& sendBytes, uint8_t* out, const std::vector<size_t>& recvOffsets,
                     const std::vector<size_t>& recvBytes) {
   QueuedSteps steps(link, "all-to-all");
   directAlltoallSchedule(steps, in, sendOffsets, sendBytes, out, recvOffsets, recvBytes);
-}
-
-size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype) {
-  return treeScratchFor<QueuedSteps>(count, chunkElems, dtype);
-}
-
-void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
-                   size_t chunkElems) {
-  if (link.size() == 1 || count == 0) return;
-  PYCOMM_CHECK(chunkElems > 0, InvalidUsageError, "tree all-reduce: chunk of 0 elements");
-  QueuedSteps steps(link, "tree all-reduce");
-  treeAllreduceSchedule(steps, data, scratch, count, dtype, op, chunkElems);
 }
 
 size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, DataType dtype) {

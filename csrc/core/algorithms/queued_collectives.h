@@ -35,28 +35,12 @@ void ringReduceScatter(QueuedLink& link, uint8_t* data, uint8_t* scratch, const 
                        ReduceOp op);
 // Ring all-gather in place: segment r of `data` holds rank r's part; every rank ends with all parts.
 void ringAllgather(QueuedLink& link, uint8_t* data, const Segments& segments, size_t elementBytes);
-// Reduce-scatter then all-gather over Segments(count, p): the CPU ring's result.
-void ringAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op);
 
 // The all-reduce allreduce_plan.h planned (planAllreduce with no cost model on a link): the
 // algorithm's bits are the CPU's for the same plan.
 size_t allreduceScratchBytes(const AllreducePlan& plan, size_t count, int size, DataType dtype);
 void allreduce(QueuedLink& link, const AllreducePlan& plan, uint8_t* data, uint8_t* scratch, size_t count,
                DataType dtype, ReduceOp op);
-
-size_t treeScratchBytes(size_t count, size_t chunkElems, DataType dtype);
-// The double binary tree (tree_schedule.h): each half reduced up its tree in chunks of chunkElems
-// and sent back down.
-void treeAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
-                   size_t chunkElems);
-
-size_t rhdScratchBytes(size_t count, DataType dtype);
-// rhd.h's all-reduce, step for step: the fold-in of the first 2(p - p') ranks, then, among p' ranks,
-// whole-vector recursive doubling (short) or recursive halving then doubling (`halving`, long), then
-// the fold-out. Each exchange is one group with the partner; reductions run in rhd_schedule.h's order, so
-// the bits are the CPU rhd's with the same `halving`.
-void rhdAllreduce(QueuedLink& link, uint8_t* data, uint8_t* scratch, size_t count, DataType dtype, ReduceOp op,
-                  bool halving);
 
 // All-to-all as one group, as direct.h's: sendBytes[q] bytes at in + sendOffsets[q] go to rank q,
 // recvBytes[q] bytes from rank q land at out + recvOffsets[q], and this rank's own block is copied.

@@ -43,7 +43,6 @@ class QueuedSteps {
     open_.reserve(2 * static_cast<size_t>(link.size()));
   }
 
-  QueuedLink& link() { return link_; }
   int rank() const { return link_.rank(); }
   int size() const { return link_.size(); }
 

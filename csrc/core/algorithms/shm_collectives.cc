@@ -194,16 +194,15 @@ void shmReduceScatterParts(Group& group, void* data, const std::vector<size_t>& 
   const size_t stretch = std::max<size_t>(64, group.slotBytes() / size / 64 * 64);
   const PartStretches parts{offsets, stretch};
   const size_t steps = parts.steps();
-  auto part = [&](int q, size_t k) { return parts.at(q, k); };
   std::vector<const void*> sources(size);
   for (size_t k = 0; k < steps; ++k) {
     const uint32_t e = group.beginStep(sig, wait);
     for (int q = 0; q < size; ++q) {
-      auto [offset, n] = part(q, k);
+      auto [offset, n] = parts.at(q, k);
       if (q != rank && n > 0) std::memcpy(group.input(rank, e) + q * stretch, bytes + offset, n);
     }
     group.publishInputs(e, wait);
-    auto [offset, n] = part(rank, k);
+    auto [offset, n] = parts.at(rank, k);
     if (n > 0) {
       for (int q = 0; q < size; ++q) sources[q] = q == rank ? bytes + offset : group.input(q, e) + rank * stretch;
       // Through the result slot: the reduction may not overwrite a source it still reads.
@@ -219,14 +218,13 @@ void shmAllgatherParts(Group& group, void* data, const std::vector<size_t>& offs
   auto* bytes = static_cast<uint8_t*>(data);
   const PartStretches parts{offsets, group.slotBytes()};
   const size_t chunks = parts.steps();
-  auto part = [&](int q, size_t k) { return parts.at(q, k); };
   for (size_t k = 0; k < chunks; ++k) {
     const uint32_t e = group.beginStep(sig, wait);
-    auto [offset, n] = part(rank, k);
+    auto [offset, n] = parts.at(rank, k);
     if (n > 0) std::memcpy(group.input(rank, e), bytes + offset, n);
     group.publishInputs(e, wait);
     for (int q = 0; q < group.size(); ++q) {
-      auto [qOffset, qn] = part(q, k);
+      auto [qOffset, qn] = parts.at(q, k);
       if (q != rank && qn > 0) std::memcpy(bytes + qOffset, group.input(q, e), qn);
     }
   }

@@ -14,11 +14,6 @@ namespace {
   throw InvalidUsageError(strCat("unknown codec ", static_cast<int>(codec)));
 }
 
-void checkFloat32(Codec codec, DataType dtype, const char* what) {
-  PYCOMM_CHECK(dtype == DataType::kFloat32, InvalidUsageError, "codec ", codecName(codec), " ", what,
-               " float32 tensors only, got ", dtypeName(dtype));
-}
-
 static_assert(static_cast<size_t>(Codec::kFp8E5M2) + 1 == kCodecCount, "the kernel tables index codecs 0..3");
 
 // The index of a codec in the kernel table's arrays; an out-of-range value (a corrupted enum) throws.
@@ -70,21 +65,6 @@ void decode(Codec codec, const uint8_t* in, size_t count, float* out) {
 
 void decodeAdd(Codec codec, const uint8_t* in, size_t count, float* acc) {
   activeKernels().decodeAdd[kernelIndex(codec)](in, count, acc);
-}
-
-void encode(Codec codec, DataType dtype, const void* in, size_t count, uint8_t* out) {
-  checkFloat32(codec, dtype, "encodes");
-  encode(codec, static_cast<const float*>(in), count, out);
-}
-
-void decode(Codec codec, const uint8_t* in, size_t count, DataType dtype, void* out) {
-  checkFloat32(codec, dtype, "decodes to");
-  decode(codec, in, count, static_cast<float*>(out));
-}
-
-void decodeAdd(Codec codec, const uint8_t* in, size_t count, DataType dtype, void* acc) {
-  checkFloat32(codec, dtype, "decodes into");
-  decodeAdd(codec, in, count, static_cast<float*>(acc));
 }
 
 void floatToFp8E4M3(const float* in, size_t count, uint8_t* out) { activeKernels().toFp8[0](in, count, out); }

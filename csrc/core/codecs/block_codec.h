@@ -45,7 +45,7 @@
 // decodeAdd(acc) computes acc[i] = acc[i] + decoded[i] with decoded[i] rounded first, exactly as
 // decode followed by an addition (no fused multiply-add), so both paths of a reduction agree.
 //
-// Inputs are float32 only; the DataType overloads throw InvalidUsageError for any other type.
+// Inputs are float32 only.
 // All functions are thread-safe (pure) and accept count == 0 (no bytes).
 #pragma once
 
@@ -78,10 +78,5 @@ size_t encodedBytes(Codec codec, size_t count);
 void encode(Codec codec, const float* in, size_t count, uint8_t* out);
 void decode(Codec codec, const uint8_t* in, size_t count, float* out);
 void decodeAdd(Codec codec, const uint8_t* in, size_t count, float* acc);
-
-// Type-erased forms for callers holding a DataType: only DataType::kFloat32 is accepted.
-void encode(Codec codec, DataType dtype, const void* in, size_t count, uint8_t* out);
-void decode(Codec codec, const uint8_t* in, size_t count, DataType dtype, void* out);
-void decodeAdd(Codec codec, const uint8_t* in, size_t count, DataType dtype, void* acc);
 
 }  // namespace pycomm::codecs

@@ -101,15 +101,6 @@ PYCOMM_LOOP void reduceBool(uint8_t* __restrict dst, const uint8_t* __restrict s
     dst[i] = static_cast<uint8_t>(Op::apply(a, b) != 0);
   }
 }
-struct BoolOr {
-  static uint8_t apply(uint8_t a, uint8_t b) { return a | b; }
-};
-struct BoolAnd {
-  static uint8_t apply(uint8_t a, uint8_t b) { return a & b; }
-};
-struct BoolXor {
-  static uint8_t apply(uint8_t a, uint8_t b) { return a ^ b; }
-};
 
 // The integer cases are written out in both switches rather than shared: one switch per dispatch
 // compiles to one jump table, and a shared helper changes the code GCC generates around the loops.
@@ -163,13 +154,13 @@ PYCOMM_LOOP void reduceTo(void* dst, const void* a, const void* src, size_t coun
       case ReduceOp::kSum:
       case ReduceOp::kMax:
       case ReduceOp::kBor:
-        return reduceBool<BoolOr>(d, s, count);
+        return reduceBool<Bor>(d, s, count);
       case ReduceOp::kProduct:
       case ReduceOp::kMin:
       case ReduceOp::kBand:
-        return reduceBool<BoolAnd>(d, s, count);
+        return reduceBool<Band>(d, s, count);
       case ReduceOp::kBxor:
-        return reduceBool<BoolXor>(d, s, count);
+        return reduceBool<Bxor>(d, s, count);
       default:
         break;
     }

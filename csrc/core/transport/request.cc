@@ -43,7 +43,6 @@ void Request::complete(size_t transferred, int peer) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (state_.load() != kPending) return;
-    transferred_ = transferred;
     peer_.store(peer, std::memory_order_relaxed);
   }
   finish(kDone);

@@ -47,8 +47,6 @@ class Request {
   int peer() const { return peer_.load(std::memory_order_relaxed); }
   void* data() const { return data_; }
   size_t capacity() const { return nbytes_; }
-  // Bytes actually received (a p2p receive may be given a larger buffer than the message).
-  size_t transferred() const { return transferred_; }
 
   // Called by the transport only.
   void complete(size_t transferred, int peer);
@@ -65,7 +63,6 @@ class Request {
   std::atomic<int> peer_;  // set again on completion (a receive from any peer); read by waiters
   void* const data_;
   const size_t nbytes_;
-  size_t transferred_ = 0;
 
   std::atomic<int> state_{kPending};
   mutable std::mutex mutex_;

@@ -44,8 +44,6 @@ class Segment {
   Segment& operator=(const Segment&) = delete;
 
   uint8_t* data() const { return static_cast<uint8_t*>(base_); }
-  size_t size() const { return size_; }
-  const std::string& name() const { return name_; }
   // Removes the name (the creator, once every peer has mapped the segment). Idempotent.
   void unlink();
   // Removes a segment by name, if it exists: cleanup after a setup that failed half way.

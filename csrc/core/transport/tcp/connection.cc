@@ -27,6 +27,8 @@ uint8_t* discardBuffer(size_t& size) {
   return buffer.data();
 }
 
+std::exception_ptr remoteError(const std::string& message) { return std::make_exception_ptr(RemoteError(message)); }
+
 std::exception_ptr connectionClosed(const std::string& context, int peer) {
   return std::make_exception_ptr(RemoteError(strCat(
       context, " connection to peer ", peer, " closed (the peer exited, was killed, or destroyed its process group)")));

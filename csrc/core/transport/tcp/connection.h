@@ -148,7 +148,8 @@ struct Connection {
 // Where unwanted bytes go. Per thread: the loop thread and waiting callers read different peers at once.
 uint8_t* discardBuffer(size_t& size);
 
-// The errors of a connection that ended, as RemoteError.
+// The errors of a connection that ended, and any other message, as RemoteError.
+std::exception_ptr remoteError(const std::string& message);
 std::exception_ptr connectionClosed(const std::string& context, int peer);
 std::exception_ptr connectionFailed(const std::string& context, int peer, int err);
 

@@ -13,9 +13,8 @@
 namespace pycomm::transport::tcp {
 namespace {
 
-// Set on a transport's event-loop thread, to count what other threads read.
-thread_local bool onLoopThreadFlag = false;
-thread_local const void* loopOwner = nullptr;  // the loop this thread runs
+// The loop this thread runs, if it is a transport's event-loop thread (to count what others read).
+thread_local const void* loopOwner = nullptr;
 
 constexpr int kMaxEvents = 64;
 
@@ -68,12 +67,11 @@ void EventLoop::stop() {
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
-bool EventLoop::onLoopThread() const { return onLoopThreadFlag && loopOwner == this; }
+bool EventLoop::onLoopThread() const { return loopOwner == this; }
 
-bool EventLoop::onAnyLoopThread() { return onLoopThreadFlag; }
+bool EventLoop::onAnyLoopThread() { return loopOwner != nullptr; }
 
 void EventLoop::run() {
-  onLoopThreadFlag = true;
   loopOwner = this;
   epoll_event events[kMaxEvents];
   while (!stopping_.load()) {

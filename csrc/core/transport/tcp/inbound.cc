@@ -7,11 +7,6 @@
 #include "tcp_transport.h"
 
 namespace pycomm::transport::tcp {
-namespace {
-
-std::exception_ptr remoteError(const std::string& message) { return std::make_exception_ptr(RemoteError(message)); }
-
-}  // namespace
 
 std::unique_lock<std::mutex> TcpTransport::lockReceiveSide(Connection& connection) {
   std::unique_lock<std::mutex> lock(connection.recvMutex, std::defer_lock);

@@ -8,8 +8,6 @@
 namespace pycomm::transport::tcp {
 namespace {
 
-std::exception_ptr remoteError(const std::string& message) { return std::make_exception_ptr(RemoteError(message)); }
-
 bool isCollective(const FrameHeader& header) { return header.channel == static_cast<uint8_t>(Channel::kCollective); }
 
 }  // namespace
@@ -158,9 +156,7 @@ std::string Matcher::claim(Connection& connection, Completions& completions) {
 
 std::shared_ptr<Request> Matcher::takeClaimed(Connection& connection) {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::shared_ptr<Request> request = std::move(connection.request);
-  connection.request.reset();
-  return request;
+  return std::move(connection.request);
 }
 
 void Matcher::arrived(int peer, const FrameHeader& h, std::vector<uint8_t> payload, Completions& completions) {
@@ -344,7 +340,6 @@ bool Matcher::failPeer(Connection& connection, std::exception_ptr& error, Comple
     }
   }
   if (connection.request) completions.push_back({std::move(connection.request), 0, peer, error});
-  connection.request.reset();
   return true;
 }
 
@@ -363,7 +358,6 @@ void Matcher::abort(const std::exception_ptr& error, Completions& completions) {
 void Matcher::failClaimed(Connection& connection, const std::exception_ptr& error, Completions& completions) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (connection.request) completions.push_back({std::move(connection.request), 0, connection.rank, error});
-  connection.request.reset();
 }
 
 // ---------------------------------------------------------------------------------------------

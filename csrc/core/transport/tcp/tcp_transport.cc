@@ -15,8 +15,6 @@ namespace {
 
 constexpr uint64_t kListenerTag = EventLoop::kWakeupTag - 1;
 
-std::exception_ptr remoteError(const std::string& message) { return std::make_exception_ptr(RemoteError(message)); }
-
 }  // namespace
 
 TcpTransport::TcpTransport(const TcpOptions& options, Store& store, OpLedger& ledger)

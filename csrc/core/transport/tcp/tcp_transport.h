@@ -26,7 +26,6 @@
 // every peer's send queue, ordered after the frames of that op already queued.
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
