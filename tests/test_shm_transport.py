@@ -139,29 +139,42 @@ def test_in_place_reduce_scatter(world: int) -> None:
 
 def _overlapping_buffers(rank: int, world: int) -> tuple[list[str], int]:
     """all_gather_into_tensor and reduce_scatter_tensor whose input and output are views of one buffer
-    at an offset that is not this rank's block (gloo gets these right): the op reads the input as
-    it was at the call, whatever it writes into the output meanwhile."""
+    that overlap elsewhere than this rank's block (gloo gets these right): the op reads the input as
+    it was at the call, whatever it writes into the output meanwhile, and writes nothing outside the
+    output."""
     f = Failures(rank)
-    # One step, several steps of a 1-MiB slot, and a block larger than a slot at world 3.
+    pad = 4  # elements of the buffer before the output (all-gather) or the input (reduce-scatter)
+    # One step, one step of several chunks' worth, and several steps of a 1-MiB slot.
     for k, n in enumerate((1, 4099, 300_007, 1_000_003)):
         for dtype in (torch.float32, torch.int64):
-            # The same number of offsets on every rank (each is an op); around this rank's block too.
-            for off in (1, 3, rank * n + 1, max(2, rank * n - 1)):
-                label = f"all_gather_into_tensor {n} {dtype} input at element {off}"
+            # Where the other view starts, relative to the first: before it, inside it, around this
+            # rank's block. The same number on every rank (each offset is an op).
+            for off in (-3, 1, 3, rank * n + 1, max(2, rank * n - 1)):
+                label = f"all_gather_into_tensor {n} {dtype} input at element {off} of the output"
                 with f.guard(label):
-                    buf = torch.full((world * n + 8,), -1, dtype=dtype)
-                    buf[off:off + n] = input_for(500 + k, rank, (n,), dtype, None)
-                    dist.all_gather_into_tensor(buf[:world * n], buf[off:off + n])
+                    mine = input_for(500 + k, rank, (n,), dtype, None)
+                    buf = torch.full((pad + world * n + n + 8,), -1, dtype=dtype)
+                    buf[pad + off:pad + off + n] = mine
+                    before = buf.clone()
+                    out = buf[pad:pad + world * n]
+                    dist.all_gather_into_tensor(out, buf[pad + off:pad + off + n])
                     expected = torch.cat([input_for(500 + k, q, (n,), dtype, None) for q in range(world)])
-                    f.check(label, check_equal(buf[:world * n], expected))
-                label = f"reduce_scatter_tensor {n} {dtype} output at element {off}"
+                    f.check(label, check_equal(out, expected))
+                    outside = torch.cat([buf[:pad], buf[pad + world * n:]])
+                    f.check(label + " (outside the output)",
+                            check_equal(outside, torch.cat([before[:pad], before[pad + world * n:]])))
+                label = f"reduce_scatter_tensor {n} {dtype} output at element {off} of the input"
                 with f.guard(label):
-                    buf = input_for(600 + k, rank, (world * n + 8,), dtype, "sum")
-                    out = buf[off:off + n]
-                    dist.reduce_scatter_tensor(out, buf[:world * n])
-                    blocks = [input_for(600 + k, q, (world * n + 8,), dtype, "sum")[:world * n].view(world, n)[rank]
-                              for q in range(world)]
+                    buf = input_for(600 + k, rank, (pad + world * n + 8,), dtype, "sum")
+                    before = buf.clone()
+                    out = buf[pad + off:pad + off + n]
+                    dist.reduce_scatter_tensor(out, buf[pad:pad + world * n])
+                    blocks = [input_for(600 + k, q, (pad + world * n + 8,), dtype, "sum")[pad:pad + world * n]
+                              .view(world, n)[rank] for q in range(world)]
                     f.check(label, check_reduced(out, blocks, "sum"))
+                    f.check(label + " (outside the output)",
+                            check_equal(torch.cat([buf[:pad + off], buf[pad + off + n:]]),
+                                        torch.cat([before[:pad + off], before[pad + off + n:]])))
     return f.result()
 
 

@@ -118,7 +118,8 @@ class Communicator {
   void reduce(void* data, size_t count, DataType dtype, const ReduceSpec& spec, int root);
   // out holds size() * count elements, rank i's at i * count.
   void allgather(const void* in, void* out, size_t count, DataType dtype);
-  // in holds size() * count elements (left as they were); this rank's reduced block lands in out.
+  // in holds size() * count elements (left as they were where out does not overlap them); this rank's
+  // reduced block lands in out.
   void reduceScatter(const void* in, void* out, size_t count, DataType dtype, const ReduceSpec& spec);
   void gather(const void* in, void* out, size_t count, DataType dtype, int root);
   void scatter(const void* in, void* out, size_t count, DataType dtype, int root);

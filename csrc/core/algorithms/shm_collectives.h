@@ -32,10 +32,12 @@ void shmAllreduce(transport::shm::Group& group, const BufferList& data, size_t c
                   const transport::OpSignature& sig, const transport::shm::StepWait& wait);
 void shmBroadcast(transport::shm::Group& group, void* data, size_t nbytes, int root, const transport::OpSignature& sig,
                   const transport::shm::StepWait& wait);
-// out holds size() * nbytes, rank q's at q * nbytes.
+// out holds size() * nbytes, rank q's at q * nbytes. in may overlap out anywhere: it is read as it was
+// at the call.
 void shmAllgather(transport::shm::Group& group, const void* in, void* out, size_t nbytes,
                   const transport::OpSignature& sig, const transport::shm::StepWait& wait);
-// in holds size() * count elements; this rank's reduced block lands in out.
+// in holds size() * count elements; this rank's reduced block lands in out, which may overlap in
+// anywhere (in is read as it was at the call).
 void shmReduceScatter(transport::shm::Group& group, const void* in, void* out, size_t count, DataType dtype,
                       ReduceOp op, const transport::OpSignature& sig, const transport::shm::StepWait& wait);
 void shmBarrier(transport::shm::Group& group, const transport::OpSignature& sig, const transport::shm::StepWait& wait);

@@ -13,7 +13,8 @@
 namespace pycomm::transport::tcp {
 namespace {
 
-// The loop this thread runs, if it is a transport's event-loop thread (to count what others read).
+// The loop this thread runs, if it is a transport's event-loop thread: what other threads read is
+// counted apart, and a wait on a loop thread never reads a socket itself (caller_read.cc).
 thread_local const void* loopOwner = nullptr;
 
 constexpr int kMaxEvents = 64;
