@@ -39,7 +39,7 @@ std::exception_ptr Request::error() const {
   return error_;
 }
 
-void Request::complete(size_t transferred, int peer) {
+void Request::complete(int peer) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (state_.load() != kPending) return;

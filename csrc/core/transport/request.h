@@ -49,7 +49,7 @@ class Request {
   size_t capacity() const { return nbytes_; }
 
   // Called by the transport only.
-  void complete(size_t transferred, int peer);
+  void complete(int peer);
   void fail(std::exception_ptr error);
 
  private:

@@ -38,7 +38,7 @@ void finish(Completions& completions) {
       if (c.error) {
         c.request->fail(c.error);
       } else {
-        c.request->complete(c.bytes, c.peer);
+        c.request->complete(c.peer);
       }
     } catch (...) {
       if (!thrown) thrown = std::current_exception();

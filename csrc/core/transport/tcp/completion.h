@@ -21,7 +21,6 @@ struct Connection;
 // A request to complete (error null) or fail, once no lock is held.
 struct Completion {
   std::shared_ptr<Request> request;
-  size_t bytes = 0;
   int peer = -1;
   std::exception_ptr error;
 };

@@ -82,7 +82,7 @@ struct Connection {
   void closeSendsLocked(const std::exception_ptr& error, Completions& completions) {
     sendClosed = error;
     for (auto& frame : sendQueue) {
-      if (frame.request) completions.push_back({frame.request, 0, rank, error});
+      if (frame.request) completions.push_back({frame.request, rank, error});
     }
     sendQueue.clear();
   }

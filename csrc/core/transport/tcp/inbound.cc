@@ -133,7 +133,7 @@ void TcpTransport::onPayload(Connection& c) {
   std::string refused;
   switch (target) {
     case ReadTarget::kRequest:
-      completions.push_back({matcher_.takeClaimed(c), h.nbytes, c.rank, nullptr});
+      completions.push_back({matcher_.takeClaimed(c), c.rank, nullptr});
       break;
     case ReadTarget::kBuffer: {
       std::vector<uint8_t> payload = std::move(c.buffer);

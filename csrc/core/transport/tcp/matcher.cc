@@ -29,7 +29,7 @@ bool Matcher::post(int peer, const FrameInfo& info, const std::shared_ptr<Reques
   // A message that already arrived is delivered even if its sender has gone since: a peer may
   // finish its part of an op and leave before this rank gets round to receiving.
   if (aborted_) {
-    completions.push_back({request, 0, peer, aborted_});
+    completions.push_back({request, peer, aborted_});
     return false;
   }
   if (info.channel == Channel::kCollective) {
@@ -42,9 +42,9 @@ bool Matcher::post(int peer, const FrameInfo& info, const std::shared_ptr<Reques
       releaseLocked(arrived->second);
       arrivedCollective_.erase(arrived);
     } else if (ledger_.failed(info.seq, &failed)) {
-      completions.push_back({request, 0, peer, remoteError(failed)});
+      completions.push_back({request, peer, remoteError(failed)});
     } else if (sources_[peer].failure) {
-      completions.push_back({request, 0, peer, sources_[peer].failure});
+      completions.push_back({request, peer, sources_[peer].failure});
     } else {
       auto inserted = postedCollective_.emplace(key, PostedCollective{request, info.signature});
       PYCOMM_CHECK(inserted.second, InternalError, context_, " duplicate receive for seq ", info.seq, " slot ",
@@ -63,7 +63,7 @@ bool Matcher::post(int peer, const FrameInfo& info, const std::shared_ptr<Reques
     return false;
   }
   if (!anyPeer && sources_[peer].failure) {
-    completions.push_back({request, 0, peer, sources_[peer].failure});
+    completions.push_back({request, peer, sources_[peer].failure});
     return false;
   }
   postedP2P_.push_back({peer, info.seq, request});
@@ -130,7 +130,7 @@ std::string Matcher::claim(Connection& connection, Completions& completions) {
         connection.request = std::move(request);
       } else {
         connection.target = ReadTarget::kDiscard;
-        completions.push_back({request, 0, peer, std::make_exception_ptr(InvalidUsageError(why))});
+        completions.push_back({request, peer, std::make_exception_ptr(InvalidUsageError(why))});
       }
     }
   }
@@ -269,17 +269,17 @@ void Matcher::releaseLocked(const Arrived& arrived) {
 void Matcher::deliver(const std::shared_ptr<Request>& request, int peer, const FrameHeader& header,
                       const std::vector<uint8_t>& payload, const std::string& why, Completions& completions) {
   if (!why.empty()) {
-    completions.push_back({request, 0, peer, std::make_exception_ptr(InvalidUsageError(why))});
+    completions.push_back({request, peer, std::make_exception_ptr(InvalidUsageError(why))});
     return;
   }
   if (header.nbytes > 0) std::memcpy(request->data(), payload.data(), header.nbytes);
-  completions.push_back({request, header.nbytes, peer, nullptr});
+  completions.push_back({request, peer, nullptr});
 }
 
 void Matcher::failPostedSeqLocked(uint64_t seq, const std::exception_ptr& error, Completions& completions) {
   for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
     if (std::get<1>(it->first) == seq) {
-      completions.push_back({it->second.request, 0, std::get<0>(it->first), error});
+      completions.push_back({it->second.request, std::get<0>(it->first), error});
       it = postedCollective_.erase(it);
     } else {
       ++it;
@@ -325,7 +325,7 @@ bool Matcher::failPeer(Connection& connection, std::exception_ptr& error, Comple
   if (!aborted_) ledger_.noteFault(OpLedger::Fault::kConnection, peer);
   for (auto it = postedCollective_.begin(); it != postedCollective_.end();) {
     if (std::get<0>(it->first) == peer) {
-      completions.push_back({it->second.request, 0, peer, error});
+      completions.push_back({it->second.request, peer, error});
       it = postedCollective_.erase(it);
     } else {
       ++it;
@@ -333,21 +333,21 @@ bool Matcher::failPeer(Connection& connection, std::exception_ptr& error, Comple
   }
   for (auto it = postedP2P_.begin(); it != postedP2P_.end();) {
     if (it->peer == peer) {
-      completions.push_back({it->request, 0, peer, error});
+      completions.push_back({it->request, peer, error});
       it = postedP2P_.erase(it);
     } else {
       ++it;
     }
   }
-  if (connection.request) completions.push_back({std::move(connection.request), 0, peer, error});
+  if (connection.request) completions.push_back({std::move(connection.request), peer, error});
   return true;
 }
 
 void Matcher::abort(const std::exception_ptr& error, Completions& completions) {
   std::lock_guard<std::mutex> lock(mutex_);
   aborted_ = error;
-  for (auto& entry : postedCollective_) completions.push_back({entry.second.request, 0, -1, error});
-  for (auto& entry : postedP2P_) completions.push_back({entry.request, 0, entry.peer, error});
+  for (auto& entry : postedCollective_) completions.push_back({entry.second.request, -1, error});
+  for (auto& entry : postedP2P_) completions.push_back({entry.request, entry.peer, error});
   postedCollective_.clear();
   postedP2P_.clear();
   arrivedCollective_.clear();
@@ -357,7 +357,7 @@ void Matcher::abort(const std::exception_ptr& error, Completions& completions) {
 
 void Matcher::failClaimed(Connection& connection, const std::exception_ptr& error, Completions& completions) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (connection.request) completions.push_back({std::move(connection.request), 0, connection.rank, error});
+  if (connection.request) completions.push_back({std::move(connection.request), connection.rank, error});
 }
 
 // ---------------------------------------------------------------------------------------------

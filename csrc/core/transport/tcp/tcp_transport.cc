@@ -286,10 +286,7 @@ void TcpTransport::handleWritable(Connection& c) {
 
 void TcpTransport::afterFlush(Connection& c, std::vector<std::shared_ptr<Request>>& done, int err) {
   Completions completions;
-  for (auto& r : done) {
-    const size_t bytes = r->capacity();
-    completions.push_back({std::move(r), bytes, c.rank, nullptr});
-  }
+  for (auto& r : done) completions.push_back({std::move(r), c.rank, nullptr});
   done.clear();
   finish(completions);  // inside input handling (a ring's space doorbell), after the lock is released
   if (err != 0) {
