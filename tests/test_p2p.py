@@ -60,6 +60,39 @@ def test_isend_before_irecv_large(backend: str, world: int) -> None:
     )
 
 
+# Sizes of a message that is held because it arrived before its receive was posted: empty, one
+# element, odd, either side of the 512 KiB chunk and several chunks (int64 elements).
+EARLY_COUNTS = (0, 1, 4099, 65535, 65536, 65537, 524287)
+
+
+def _arrived_before_posted_worker(rank: int, world: int) -> tuple[list[str], int]:
+    """Rank 1 sends, then both ranks pass a barrier, and only then does rank 0 post its receive.
+    The barrier's frames follow the message on the same socket, so when rank 0 has passed it the
+    whole message is already held by the transport: the receive is served from what was held."""
+    f = Failures(rank)
+    for k, n in enumerate(EARLY_COUNTS):
+        label = f"message held before its receive, {n} int64"
+        with f.guard(label):
+            if rank == 1:
+                sent = input_for(600 + k, 1, (n,), torch.int64, None)
+                work = dist.isend(sent, 0, tag=11)
+                dist.barrier()
+                work.wait()
+                f.check(label + ", send buffer unchanged", check_equal(sent, input_for(600 + k, 1, (n,), torch.int64, None)))
+            else:
+                dist.barrier()
+                got = torch.full((n,), -1, dtype=torch.int64)
+                dist.recv(got, 1, tag=11)
+                f.check(label, check_equal(got, input_for(600 + k, 1, (n,), torch.int64, None)))
+    return f.result()
+
+
+@pytest.mark.usefixtures("pycomm")
+def test_message_held_before_its_receive_is_exact(pycomm: Any) -> None:
+    assert_no_failures(run_ranks(_arrived_before_posted_worker, 2, backend="pycomm", timeout_s=TIMEOUT_S,
+                                 pg_options=pycomm.Options(transport="tcp")))
+
+
 def _batch_ring_worker(rank: int, world: int) -> tuple[list[str], int]:
     """batch_isend_irecv exchanging with both ring neighbours at once, several sizes/dtypes."""
     f = Failures(rank)

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../frame.h"
@@ -25,6 +26,29 @@
 #include "socket.h"
 
 namespace pycomm::transport::tcp {
+
+// Bytes of a frame that arrived before its receive was posted. Its allocator leaves them
+// uninitialised: the socket overwrites every byte before anything reads them, and zero-filling a
+// 512 KiB chunk first cost a memset as long as the copy out of it.
+template <typename T>
+struct UninitialisedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitialisedAllocator<U>;
+  };
+  UninitialisedAllocator() = default;
+  template <typename U>
+  UninitialisedAllocator(const UninitialisedAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;  // default-initialised: no zeros for bytes
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using FrameBytes = std::vector<uint8_t, UninitialisedAllocator<uint8_t>>;
 
 // Frame bytes (headers and payloads) by the path they took, for the whole transport.
 struct WireCounters {
@@ -120,7 +144,7 @@ struct Connection {
   size_t headerGot = 0;
   ReadTarget target = ReadTarget::kNone;
   std::shared_ptr<Request> request;
-  std::vector<uint8_t> buffer;
+  FrameBytes buffer;
   size_t payloadGot = 0;
   // Attached with recvMutex and sendMutex held, before either side moves.
   shm::Ring ringIn;

@@ -136,7 +136,7 @@ void TcpTransport::onPayload(Connection& c) {
       completions.push_back({matcher_.takeClaimed(c), c.rank, nullptr});
       break;
     case ReadTarget::kBuffer: {
-      std::vector<uint8_t> payload = std::move(c.buffer);
+      FrameBytes payload = std::move(c.buffer);
       c.buffer = {};
       matcher_.arrived(c.rank, h, std::move(payload), completions);
       break;

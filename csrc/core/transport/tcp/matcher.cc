@@ -159,7 +159,7 @@ std::shared_ptr<Request> Matcher::takeClaimed(Connection& connection) {
   return std::move(connection.request);
 }
 
-void Matcher::arrived(int peer, const FrameHeader& h, std::vector<uint8_t> payload, Completions& completions) {
+void Matcher::arrived(int peer, const FrameHeader& h, FrameBytes payload, Completions& completions) {
   Arrived arrived{h, std::move(payload), peer};
   std::lock_guard<std::mutex> lock(mutex_);
   const bool collective = isCollective(h);
@@ -267,7 +267,7 @@ void Matcher::releaseLocked(const Arrived& arrived) {
 }
 
 void Matcher::deliver(const std::shared_ptr<Request>& request, int peer, const FrameHeader& header,
-                      const std::vector<uint8_t>& payload, const std::string& why, Completions& completions) {
+                      const FrameBytes& payload, const std::string& why, Completions& completions) {
   if (!why.empty()) {
     completions.push_back({request, peer, std::make_exception_ptr(InvalidUsageError(why))});
     return;

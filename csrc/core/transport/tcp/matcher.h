@@ -66,7 +66,7 @@ class Matcher final : public OpLedger::FrameHolder {
   std::shared_ptr<Request> takeClaimed(Connection& connection);
   // A message read into a buffer (no receive was posted for it) is complete: delivered to a receive
   // posted meanwhile, dropped if its op is over, or held.
-  void arrived(int peer, const FrameHeader& header, std::vector<uint8_t> payload, Completions& completions);
+  void arrived(int peer, const FrameHeader& header, FrameBytes payload, Completions& completions);
   // Peer `peer` reports that collective header.seq failed there with `text`. Returns why the peer
   // must be failed instead (reports without end), or empty.
   std::string errorReport(int peer, const FrameHeader& header, const std::string& text, Completions& completions);
@@ -102,7 +102,7 @@ class Matcher final : public OpLedger::FrameHolder {
   };
   struct Arrived {  // a message that came before its receive was posted
     FrameHeader header;
-    std::vector<uint8_t> payload;
+    FrameBytes payload;
     int peer;
   };
   using CollectiveKey = std::tuple<int, uint64_t, uint32_t>;  // peer, seq, slot
@@ -124,7 +124,7 @@ class Matcher final : public OpLedger::FrameHolder {
   void releaseLocked(const Arrived& arrived);
   // Copies an arrived payload into a receive and completes it, or fails it with `why`.
   static void deliver(const std::shared_ptr<Request>& request, int peer, const FrameHeader& header,
-                      const std::vector<uint8_t>& payload, const std::string& why, Completions& completions);
+                      const FrameBytes& payload, const std::string& why, Completions& completions);
   void failPostedSeqLocked(uint64_t seq, const std::exception_ptr& error, Completions& completions);
   // A collective frame whose op this rank runs with another signature: records the failure and
   // fails that op's posted receives.
