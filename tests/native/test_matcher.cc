@@ -82,7 +82,7 @@ struct Rig {
 
   void payload() {
     Completions completions;
-    matcher.arrived(connection.rank, connection.header, std::vector<uint8_t>(kBytes, 7), completions);
+    matcher.arrived(connection.rank, connection.header, FrameBytes(kBytes, 7), completions);
     finish(completions);
   }
 
