@@ -15,7 +15,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "../frame.h"
@@ -39,13 +38,10 @@ struct UninitialisedAllocator : std::allocator<T> {
   UninitialisedAllocator() = default;
   template <typename U>
   UninitialisedAllocator(const UninitialisedAllocator<U>&) noexcept {}
+  // Only the no-argument construct: allocator_traits constructs with arguments by placement new.
   template <typename U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;  // default-initialised: no zeros for bytes
-  }
-  template <typename U, typename... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
   }
 };
 using FrameBytes = std::vector<uint8_t, UninitialisedAllocator<uint8_t>>;
